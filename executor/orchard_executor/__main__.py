@@ -1,0 +1,124 @@
+"""Run the executor: ``python -m orchard_executor --help``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import sys
+from collections.abc import Callable
+
+from aiohttp import web
+
+from .app import STATE, Settings, create_app
+
+PARENT_GONE = "parent went away"
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="orchard-executor", description=__doc__)
+    p.add_argument("--host", default="0.0.0.0", help="address to listen on")
+    p.add_argument("--port", type=int, default=8750, help="port to listen on (0: any free port)")
+    p.add_argument(
+        "--token-sha256",
+        default=os.environ.get("ORCHARD_EXECUTOR_TOKEN_SHA256"),
+        help="SHA-256 hex of the bearer token (default: $ORCHARD_EXECUTOR_TOKEN_SHA256)",
+    )
+    p.add_argument("--workdir", default=None, help="default working directory of commands")
+    p.add_argument("--state-dir", default=None, help="where background output and session state live")
+    p.add_argument("--idle-timeout", type=float, default=None, help="exit after this many idle seconds")
+    p.add_argument(
+        "--ready-fd", type=int, default=None, help="write one JSON line with the bound port to this fd once serving"
+    )
+    p.add_argument("--exit-with-stdin", action="store_true", help="exit when stdin reaches EOF (parent died)")
+    p.add_argument(
+        "--orphan-dir", default=None, help="a directory to delete if the executor exits after its parent died"
+    )
+    return p.parse_args(argv)
+
+
+async def _watch_stdin(stop: asyncio.Event) -> None:
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader()
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    while await reader.read(4096):
+        pass
+    stop.set()
+
+
+def _use_pidfd_watcher() -> None:
+    # Python < 3.12 waits for children with a thread each; pidfds are cheaper.
+    if sys.version_info < (3, 12) and hasattr(asyncio, "PidfdChildWatcher"):
+        with contextlib.suppress(OSError):
+            os.close(os.pidfd_open(os.getpid()))
+            watcher = asyncio.PidfdChildWatcher()
+            watcher.attach_loop(asyncio.get_running_loop())
+            asyncio.set_child_watcher(watcher)
+
+
+async def serve(args: argparse.Namespace) -> str:
+    """Serve until told to stop; returns why it stopped."""
+    _use_pidfd_watcher()
+    if not args.token_sha256:
+        raise SystemExit("orchard-executor: a token hash is required (--token-sha256); it never runs without auth")
+    settings = Settings(
+        token_sha256=args.token_sha256,
+        workdir=os.path.abspath(args.workdir or os.getcwd()),
+        state_dir=args.state_dir,
+        idle_timeout=args.idle_timeout,
+    )
+    app = create_app(settings)
+    state = app[STATE]
+    runner = web.AppRunner(app, handle_signals=False, access_log=None)
+    await runner.setup()
+    sock = socket.create_server((args.host, args.port))
+    site = web.SockSite(runner, sock)
+    await site.start()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, state.stop, signal.Signals(sig).name)
+    watchers = []
+    if args.exit_with_stdin:
+        stdin_closed = asyncio.Event()
+        watchers.append(asyncio.create_task(_watch_stdin(stdin_closed)))
+        watchers.append(asyncio.create_task(_stop_when(stdin_closed, state.stop, PARENT_GONE)))
+    if args.ready_fd is not None:
+        port = sock.getsockname()[1]
+        os.write(args.ready_fd, json.dumps({"port": port, "pid": os.getpid()}).encode() + b"\n")
+        os.close(args.ready_fd)
+    try:
+        await state.stopped.wait()
+    finally:
+        for task in watchers:
+            task.cancel()
+        await runner.cleanup()
+    reason: str = state.stop_reason
+    return reason
+
+
+async def _stop_when(event: asyncio.Event, stop: Callable[[str], None], reason: str) -> None:
+    await event.wait()
+    stop(reason)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point."""
+    args = _parse(argv)
+    parent = os.getppid()
+    reason = ""
+    try:
+        reason = asyncio.run(serve(args))
+        print(f"orchard-executor: stopped: {reason}", file=sys.stderr)
+    finally:
+        # Nobody is left to clean up after an orphan but the orphan itself.
+        if args.orphan_dir and (reason == PARENT_GONE or os.getppid() != parent):
+            shutil.rmtree(args.orphan_dir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

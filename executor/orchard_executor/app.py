@@ -1,0 +1,542 @@
+"""The executor's HTTP application: ``create_app(settings) -> web.Application``."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import hashlib
+import hmac
+import os
+import tempfile
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TypeVar
+
+import msgspec
+from aiohttp import web
+
+from . import __version__, files
+from .errors import ExecutorError
+from .processes import ProcessTable
+from .protocol import (
+    API_VERSION,
+    FRAMES,
+    JSON,
+    MSGPACK,
+    OCTET,
+    TAR,
+    Empty,
+    ExecRequest,
+    ExecResult,
+    ExitEvent,
+    FileList,
+    Info,
+    MkdirRequest,
+    OutputEvent,
+    ProcessList,
+    RemoveRequest,
+    SessionExecRequest,
+    SessionInfo,
+    SessionRequest,
+    SignalRequest,
+    StdinRequest,
+    WaitRequest,
+    decode,
+    encode,
+    frame,
+)
+from .runner import StreamName, build_argv, run, start
+from .sessions import SessionTable
+
+T = TypeVar("T")
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+#: Completed exec results kept for request-id deduplication, bounded by bytes.
+DEDUP_BYTES = 64 * 1024 * 1024
+DEDUP_ENTRIES = 4096
+#: Streaming exec: stop reading the command's pipes above this many queued bytes.
+STREAM_HIGH_WATER = 1024 * 1024
+
+
+class Settings(msgspec.Struct, kw_only=True):
+    """How an executor runs."""
+
+    #: SHA-256 (hex) of the bearer token every request but /healthz must carry.
+    token_sha256: str
+    #: Default working directory of commands and base of relative paths.
+    workdir: str = "/"
+    #: Where background output and session state live; a new temp dir if None.
+    state_dir: str | None = None
+    #: Exit after this many seconds without an authenticated request.
+    idle_timeout: float | None = None
+    #: The environment commands get (the executor's own, cleaned, if None).
+    env: dict[str, str] | None = None
+    #: Largest ``max_output`` a request may ask for, per stream.
+    max_output_limit: int = 256 * 1024 * 1024
+
+
+class State:
+    """Everything the handlers share."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.state_dir = settings.state_dir or tempfile.mkdtemp(prefix="orchard-executor-")
+        os.makedirs(self.state_dir, exist_ok=True)
+        self.env = settings.env if settings.env is not None else clean_environ(os.environ)
+        self.processes = ProcessTable(self.state_dir)
+        self.sessions = SessionTable(self.state_dir)
+        self.started = time.monotonic()
+        self.last_activity = time.monotonic()
+        self.in_flight = 0
+        self.stopped = asyncio.Event()
+        self.stop_reason = ""
+        self._token = bytes.fromhex(settings.token_sha256)
+        self._dedup: collections.OrderedDict[str, asyncio.Future[ExecResult]] = collections.OrderedDict()
+        self._dedup_bytes = 0
+
+    def authorized(self, header: str | None) -> bool:
+        """Constant-time check of an ``Authorization: Bearer`` header."""
+        if not header or not header.startswith("Bearer "):
+            return False
+        given = hashlib.sha256(header[7:].encode()).digest()
+        return hmac.compare_digest(given, self._token)
+
+    def stop(self, reason: str) -> None:
+        """Ask the server to shut down."""
+        if not self.stopped.is_set():
+            self.stop_reason = reason
+            self.stopped.set()
+
+    async def exec_once(self, request: ExecRequest, fn: Callable[[], Awaitable[ExecResult]]) -> ExecResult:
+        """Run ``fn`` once per request id; a retry waits for and returns the first result."""
+        if request.request_id is None:
+            return await fn()
+        existing = self._dedup.get(request.request_id)
+        if existing is not None:
+            self._dedup.move_to_end(request.request_id)
+            return await asyncio.shield(existing)
+        future: asyncio.Future[ExecResult] = asyncio.get_running_loop().create_future()
+        self._dedup[request.request_id] = future
+        try:
+            result = await fn()
+        except BaseException as exc:
+            # A failed or cancelled run is not remembered: a retry runs it again.
+            del self._dedup[request.request_id]
+            if isinstance(exc, ExecutorError):
+                future.set_exception(exc)
+            else:
+                future.cancel()
+            raise
+        future.set_result(result)
+        self._dedup_bytes += len(result.stdout_bytes) + len(result.stderr_bytes)
+        while self._dedup_bytes > DEDUP_BYTES or len(self._dedup) > DEDUP_ENTRIES:
+            _, oldest = self._dedup.popitem(last=False)
+            if oldest.done() and not oldest.cancelled() and oldest.exception() is None:
+                old = oldest.result()
+                self._dedup_bytes -= len(old.stdout_bytes) + len(old.stderr_bytes)
+        return result
+
+
+SETTINGS = web.AppKey("settings", Settings)
+STATE = web.AppKey("state", State)
+
+
+def clean_environ(environ: collections.abc.Mapping[str, str]) -> dict[str, str]:
+    """The environment for commands: ours, minus the executor's own variables."""
+    return {k: v for k, v in environ.items() if not k.startswith("ORCHARD_EXECUTOR_")}
+
+
+def _content_type(request: web.Request) -> str:
+    if request.content_type == JSON or (request.method == "GET" and JSON in request.headers.get("Accept", "")):
+        return JSON
+    return MSGPACK
+
+
+async def _body(request: web.Request, type_: type[T]) -> T:
+    try:
+        return decode(await request.read(), type_, _content_type(request))
+    except msgspec.ValidationError as exc:
+        raise ExecutorError("bad_request", f"invalid {type_.__name__}: {exc}") from exc
+    except msgspec.DecodeError as exc:
+        raise ExecutorError("bad_request", f"undecodable {type_.__name__} body: {exc}") from exc
+
+
+def _reply(request: web.Request, obj: object, status: int = 200) -> web.Response:
+    content_type = _content_type(request)
+    return web.Response(body=encode(obj, content_type), status=status, content_type=content_type)
+
+
+def _state(request: web.Request) -> State:
+    return request.app[STATE]
+
+
+def _query_int(request: web.Request, name: str, default: int) -> int:
+    raw = request.query.get(name)
+    if raw is None:
+        return default
+    try:
+        return int(raw, 0)
+    except ValueError:
+        raise ExecutorError("bad_request", f"query parameter {name}={raw!r} is not an integer") from None
+
+
+def _query_path(request: web.Request) -> str:
+    path = request.query.get("path")
+    if path is None:
+        raise ExecutorError("bad_request", "the 'path' query parameter is required")
+    return files.resolve(path, _state(request).settings.workdir)
+
+
+@web.middleware
+async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Auth, activity tracking for the idle timeout, and the error envelope."""
+    if request.path == "/healthz":
+        return await handler(request)
+    state = _state(request)
+    if not state.authorized(request.headers.get("Authorization")):
+        return _reply(
+            request,
+            ExecutorError("unauthorized", "missing or wrong bearer token").error,
+            status=401,
+        )
+    state.in_flight += 1
+    try:
+        return await handler(request)
+    except ExecutorError as exc:
+        return _reply(request, exc.error, status=exc.status)
+    except web.HTTPException:
+        raise
+    except OSError as exc:
+        err = ExecutorError.from_os_error(exc)
+        return _reply(request, err.error, status=err.status)
+    finally:
+        state.in_flight -= 1
+        state.last_activity = time.monotonic()
+
+
+async def healthz(request: web.Request) -> web.Response:
+    """Liveness, for probes: no auth, reveals nothing."""
+    return web.Response(text="ok")
+
+
+async def info(request: web.Request) -> web.Response:
+    """Version, uptime and load."""
+    state = _state(request)
+    return _reply(
+        request,
+        Info(
+            version=__version__,
+            api=API_VERSION,
+            pid=os.getpid(),
+            uptime=time.monotonic() - state.started,
+            load=os.getloadavg(),
+            idle_timeout=state.settings.idle_timeout,
+            running_processes=len(state.processes),
+            sessions=len(state.sessions),
+            cwd=state.settings.workdir,
+        ),
+    )
+
+
+def _checked(request: web.Request, req: ExecRequest) -> ExecRequest:
+    limit = _state(request).settings.max_output_limit
+    if not 0 <= req.max_output <= limit:
+        raise ExecutorError("bad_request", f"max_output must be between 0 and {limit}")
+    if req.timeout is not None and req.timeout <= 0:
+        raise ExecutorError("bad_request", "timeout must be positive")
+    if req.cwd is not None:
+        req.cwd = files.resolve(req.cwd, _state(request).settings.workdir)
+    return req
+
+
+async def exec_(request: web.Request) -> web.Response:
+    """Run a command to the end and return its captured result."""
+    state = _state(request)
+    req = _checked(request, await _body(request, ExecRequest))
+    result = await state.exec_once(req, lambda: run(req, cwd=state.settings.workdir, env=state.env))
+    return _reply(request, result)
+
+
+async def exec_stream(request: web.Request) -> web.StreamResponse:
+    """Run a command, sending its output as framed events as it is produced."""
+    state = _state(request)
+    req = _checked(request, await _body(request, ExecRequest))
+    frames: asyncio.Queue[tuple[bytes, int] | None] = asyncio.Queue()
+    queued = 0
+    paused = False
+
+    def sink(stream: StreamName, data: bytes) -> None:
+        nonlocal queued, paused
+        frames.put_nowait((frame(OutputEvent(stream=stream, data=data)), len(data)))
+        queued += len(data)
+        if queued > STREAM_HIGH_WATER and not paused:
+            paused = True
+            proc.pause_output(True)
+
+    proc = await start(
+        build_argv(req.cmd, req.shell),
+        cwd=req.cwd or state.settings.workdir,
+        env=state.env if req.env is None else state.env | req.env,
+        stdin=req.stdin,
+        timeout=req.timeout,
+        sink=sink,
+    )
+
+    async def finish() -> None:
+        # wait() returns after the pipes are drained, so every output frame is queued first.
+        code, sig, timed_out, duration = await proc.wait()
+        result = ExecResult(exit_code=code, signal=sig, timed_out=timed_out, duration=duration)
+        frames.put_nowait((frame(ExitEvent(result=result)), 0))
+        frames.put_nowait(None)
+
+    waiter = asyncio.create_task(finish())
+    response = web.StreamResponse(headers={"Content-Type": FRAMES})
+    try:
+        await response.prepare(request)
+        while (item := await frames.get()) is not None:
+            await response.write(item[0])
+            queued -= item[1]
+            if paused and queued < STREAM_HIGH_WATER // 4:
+                paused = False
+                proc.pause_output(False)
+        await response.write_eof()
+    finally:
+        # A client that goes away mid-stream takes the command with it.
+        waiter.cancel()
+    return response
+
+
+async def process_start(request: web.Request) -> web.Response:
+    """Start a background process."""
+    state = _state(request)
+    req = _checked(request, await _body(request, ExecRequest))
+    bg = await state.processes.start(req, cwd=state.settings.workdir, env=state.env)
+    return _reply(request, bg.status())
+
+
+async def process_list(request: web.Request) -> web.Response:
+    """List background processes."""
+    return _reply(request, ProcessList(processes=[p.status() for p in _state(request).processes.all()]))
+
+
+async def process_status(request: web.Request) -> web.Response:
+    """One background process's status."""
+    return _reply(request, _state(request).processes.get(request.match_info["id"]).status())
+
+
+async def process_output(request: web.Request) -> web.Response:
+    """Read a background process's output from an offset."""
+    bg = _state(request).processes.get(request.match_info["id"])
+    chunk = bg.read(
+        request.query.get("stream", "stdout"),
+        _query_int(request, "offset", 0),
+        _query_int(request, "limit", 1024 * 1024),
+    )
+    return _reply(request, chunk)
+
+
+async def process_stdin(request: web.Request) -> web.Response:
+    """Write to (and optionally close) a background process's stdin."""
+    state = _state(request)
+    bg = state.processes.get(request.match_info["id"])
+    req = await _body(request, StdinRequest)
+    await state.processes.write_stdin(bg, req.data, close=req.close)
+    return _reply(request, bg.status())
+
+
+async def process_signal(request: web.Request) -> web.Response:
+    """Signal a background process's process group."""
+    bg = _state(request).processes.get(request.match_info["id"])
+    req = await _body(request, SignalRequest)
+    if not bg.done.is_set():
+        try:
+            os.killpg(bg.proc.pid, req.signal)
+        except ValueError as exc:
+            raise ExecutorError("bad_request", f"invalid signal {req.signal}") from exc
+        except ProcessLookupError:
+            pass
+    return _reply(request, bg.status())
+
+
+async def process_wait(request: web.Request) -> web.Response:
+    """Wait for a background process to end, up to a timeout."""
+    bg = _state(request).processes.get(request.match_info["id"])
+    req = await _body(request, WaitRequest)
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(bg.done.wait(), req.timeout)
+    return _reply(request, bg.status())
+
+
+async def process_delete(request: web.Request) -> web.Response:
+    """Kill a background process and forget it."""
+    bg = _state(request).processes.forget(request.match_info["id"])
+    return _reply(request, bg.status())
+
+
+async def session_create(request: web.Request) -> web.Response:
+    """Start a persistent shell session."""
+    state = _state(request)
+    req = await _body(request, SessionRequest)
+    env = state.env if req.env is None else state.env | req.env
+    cwd = files.resolve(req.cwd, state.settings.workdir) if req.cwd else state.settings.workdir
+    session = state.sessions.create(shell=req.shell, cwd=cwd, env=env, path=env.get("PATH", os.defpath))
+    return _reply(request, SessionInfo(id=session.id, cwd=session.cwd))
+
+
+async def session_exec(request: web.Request) -> web.Response:
+    """Run a command in a session."""
+    state = _state(request)
+    session = state.sessions.get(request.match_info["id"])
+    req = await _body(request, SessionExecRequest)
+    as_exec = ExecRequest(cmd="", max_output=req.max_output, timeout=req.timeout, request_id=req.request_id)
+    _checked(request, as_exec)
+    result = await state.exec_once(as_exec, lambda: session.exec(req))
+    return _reply(request, result)
+
+
+async def session_delete(request: web.Request) -> web.Response:
+    """Close a session."""
+    session = _state(request).sessions.close(request.match_info["id"])
+    return _reply(request, SessionInfo(id=session.id, cwd=session.cwd))
+
+
+async def _body_chunks(request: web.Request) -> AsyncIterator[bytes]:
+    async for chunk in request.content.iter_chunked(files.CHUNK):
+        yield chunk
+
+
+async def file_write(request: web.Request) -> web.Response:
+    """Write a file atomically from the streamed request body."""
+    path = _query_path(request)
+    await files.write_atomic(
+        path,
+        _body_chunks(request),
+        mode=_query_int(request, "mode", 0o644),
+        parents=request.query.get("parents", "1") not in ("0", "false"),
+    )
+    return _reply(request, files.file_stat(path))
+
+
+async def file_read(request: web.Request) -> web.StreamResponse:
+    """Send a file's bytes, streamed from disk."""
+    path = _query_path(request)
+    st = files.file_stat(os.path.realpath(path))
+    if st.type == "directory":
+        raise ExecutorError("is_a_directory", f"{path} is a directory", path)
+    if st.type != "file":
+        raise ExecutorError("bad_request", f"{path} is not a regular file", path)
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError as exc:
+        raise ExecutorError.from_os_error(exc, path) from exc
+    response = web.StreamResponse(headers={"Content-Type": OCTET})
+    response.content_length = st.size
+    with os.fdopen(fd, "rb", buffering=0) as f:
+        await response.prepare(request)
+        sent = 0
+        while sent < st.size and (chunk := f.read(files.CHUNK)):
+            await response.write(chunk)
+            sent += len(chunk)
+    await response.write_eof()
+    return response
+
+
+async def file_stat(request: web.Request) -> web.Response:
+    """Stat a path."""
+    return _reply(request, files.file_stat(_query_path(request)))
+
+
+async def file_list(request: web.Request) -> web.Response:
+    """List a directory."""
+    return _reply(request, FileList(entries=files.list_dir(_query_path(request))))
+
+
+async def file_mkdir(request: web.Request) -> web.Response:
+    """Create a directory."""
+    req = await _body(request, MkdirRequest)
+    path = files.resolve(req.path, _state(request).settings.workdir)
+    files.mkdir(path, parents=req.parents, mode=req.mode, exist_ok=req.exist_ok)
+    return _reply(request, files.file_stat(path))
+
+
+async def file_remove(request: web.Request) -> web.Response:
+    """Remove a path."""
+    req = await _body(request, RemoveRequest)
+    files.remove(
+        files.resolve(req.path, _state(request).settings.workdir), recursive=req.recursive, missing_ok=req.missing_ok
+    )
+    return _reply(request, Empty())
+
+
+async def tar_upload(request: web.Request) -> web.Response:
+    """Extract a tar stream into a directory."""
+    path = _query_path(request)
+    await files.extract_tar(path, _body_chunks(request))
+    return _reply(request, files.file_stat(path))
+
+
+async def tar_download(request: web.Request) -> web.StreamResponse:
+    """Send a directory (or file) as a tar stream."""
+    chunks = files.stream_tar(_query_path(request))
+    first = await anext(chunks, b"")  # errors such as a missing path surface before the headers
+    response = web.StreamResponse(headers={"Content-Type": TAR})
+    await response.prepare(request)
+    await response.write(first)
+    async for chunk in chunks:
+        await response.write(chunk)
+    await response.write_eof()
+    return response
+
+
+async def _idle_watch(state: State) -> None:
+    timeout = state.settings.idle_timeout
+    if timeout is None:
+        return
+    while not state.stopped.is_set():
+        await asyncio.sleep(min(timeout / 4, 1.0))
+        if state.in_flight == 0 and time.monotonic() - state.last_activity > timeout:
+            state.stop(f"idle for {timeout:g}s")
+
+
+async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
+    state = app[STATE]
+    watcher = asyncio.create_task(_idle_watch(state))
+    yield
+    watcher.cancel()
+    state.processes.kill_all()
+
+
+def create_app(settings: Settings) -> web.Application:
+    """Build the executor's application."""
+    if len(bytes.fromhex(settings.token_sha256)) != 32:
+        raise ValueError("token_sha256 must be 64 hex digits")
+    app = web.Application(middlewares=[_guard], client_max_size=1024**3)
+    app[SETTINGS] = settings
+    app[STATE] = State(settings)
+    app.cleanup_ctx.append(_lifecycle)
+    v = f"/{API_VERSION}"
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get(f"{v}/info", info)
+    app.router.add_post(f"{v}/exec", exec_)
+    app.router.add_post(f"{v}/exec/stream", exec_stream)
+    app.router.add_post(f"{v}/processes", process_start)
+    app.router.add_get(f"{v}/processes", process_list)
+    app.router.add_get(f"{v}/processes/{{id}}", process_status)
+    app.router.add_get(f"{v}/processes/{{id}}/output", process_output)
+    app.router.add_post(f"{v}/processes/{{id}}/stdin", process_stdin)
+    app.router.add_post(f"{v}/processes/{{id}}/signal", process_signal)
+    app.router.add_post(f"{v}/processes/{{id}}/wait", process_wait)
+    app.router.add_delete(f"{v}/processes/{{id}}", process_delete)
+    app.router.add_post(f"{v}/sessions", session_create)
+    app.router.add_post(f"{v}/sessions/{{id}}/exec", session_exec)
+    app.router.add_delete(f"{v}/sessions/{{id}}", session_delete)
+    app.router.add_put(f"{v}/files", file_write)
+    app.router.add_get(f"{v}/files", file_read)
+    app.router.add_get(f"{v}/files/stat", file_stat)
+    app.router.add_get(f"{v}/files/list", file_list)
+    app.router.add_post(f"{v}/files/mkdir", file_mkdir)
+    app.router.add_post(f"{v}/files/remove", file_remove)
+    app.router.add_put(f"{v}/files/tar", tar_upload)
+    app.router.add_get(f"{v}/files/tar", tar_download)
+    return app

@@ -1,0 +1,148 @@
+"""File operations: streamed atomic writes, reads, stat/list, tar in and out."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import stat
+import tarfile
+import tempfile
+from collections.abc import AsyncIterator
+
+from . import tarstream
+from .errors import ExecutorError
+from .protocol import FileStat, FileType
+
+CHUNK = tarstream.CHUNK
+
+
+def resolve(path: str, cwd: str) -> str:
+    """An absolute path, relative ones taken from the executor's working directory."""
+    if not path:
+        raise ExecutorError("bad_request", "path is empty")
+    return os.path.normpath(os.path.join(cwd, path))
+
+
+def _type(mode: int) -> FileType:
+    if stat.S_ISREG(mode):
+        return "file"
+    if stat.S_ISDIR(mode):
+        return "directory"
+    if stat.S_ISLNK(mode):
+        return "symlink"
+    return "other"
+
+
+def file_stat(path: str) -> FileStat:
+    """Stat ``path`` without following a final symlink."""
+    try:
+        st = os.lstat(path)
+        target = os.readlink(path) if stat.S_ISLNK(st.st_mode) else None
+    except OSError as exc:
+        raise ExecutorError.from_os_error(exc, path) from exc
+    return FileStat(
+        path=path,
+        name=os.path.basename(path) or path,
+        type=_type(st.st_mode),
+        size=st.st_size,
+        mode=stat.S_IMODE(st.st_mode),
+        mtime=st.st_mtime,
+        link_target=target,
+    )
+
+
+def list_dir(path: str) -> list[FileStat]:
+    """The entries of a directory, sorted by name."""
+    try:
+        names = sorted(os.listdir(path))
+    except OSError as exc:
+        raise ExecutorError.from_os_error(exc, path) from exc
+    entries = []
+    for name in names:
+        with contextlib.suppress(ExecutorError):  # removed while listing
+            entries.append(file_stat(os.path.join(path, name)))
+    return entries
+
+
+def mkdir(path: str, *, parents: bool, mode: int, exist_ok: bool) -> None:
+    """Create a directory."""
+    try:
+        if parents:
+            os.makedirs(path, mode=mode, exist_ok=exist_ok)
+        else:
+            os.mkdir(path, mode)
+    except FileExistsError as exc:
+        if not (exist_ok and os.path.isdir(path)):
+            raise ExecutorError.from_os_error(exc, path) from exc
+    except OSError as exc:
+        raise ExecutorError.from_os_error(exc, path) from exc
+
+
+def remove(path: str, *, recursive: bool, missing_ok: bool) -> None:
+    """Remove a file or symlink, or a directory (a tree with ``recursive``)."""
+    try:
+        if os.path.isdir(path) and not os.path.islink(path):
+            if recursive:
+                shutil.rmtree(path)
+            else:
+                os.rmdir(path)
+        else:
+            os.unlink(path)
+    except FileNotFoundError as exc:
+        if not missing_ok:
+            raise ExecutorError.from_os_error(exc, path) from exc
+    except OSError as exc:
+        raise ExecutorError.from_os_error(exc, path) from exc
+
+
+async def write_atomic(path: str, chunks: AsyncIterator[bytes], *, mode: int, parents: bool) -> None:
+    """Stream ``chunks`` into a temporary file beside ``path``, then rename it over.
+
+    On any failure (a full disk, a broken upload) the temporary file is
+    removed and whatever was at ``path`` is untouched.
+    """
+    directory = os.path.dirname(path)
+    if os.path.isdir(path):
+        raise ExecutorError("is_a_directory", f"{path} is a directory", path)
+    try:
+        if parents:
+            os.makedirs(directory, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".orchard-tmp", dir=directory)
+    except OSError as exc:
+        raise ExecutorError.from_os_error(exc, path) from exc
+    try:
+        with os.fdopen(fd, "wb", buffering=0) as f:
+            async for chunk in chunks:
+                view = memoryview(chunk)
+                while view:
+                    view = view[f.write(view) or 0 :]
+            os.fchmod(f.fileno(), mode)
+        os.replace(tmp, path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise ExecutorError.from_os_error(exc, path) from exc
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+async def extract_tar(dest: str, chunks: AsyncIterator[bytes]) -> None:
+    """Extract a tar stream into ``dest`` (created if missing) as it arrives."""
+    try:
+        await tarstream.extract(chunks, dest)
+    except OSError as exc:
+        raise ExecutorError.from_os_error(exc, dest) from exc
+    except tarfile.TarError as exc:
+        raise ExecutorError("bad_request", f"cannot extract the tar stream: {exc}", dest) from exc
+
+
+async def stream_tar(src: str) -> AsyncIterator[bytes]:
+    """Yield a tar archive of ``src`` (a directory's contents, or one file)."""
+    try:
+        async for chunk in tarstream.archive(src):
+            yield chunk
+    except OSError as exc:
+        raise ExecutorError.from_os_error(exc, src) from exc

@@ -1,0 +1,310 @@
+"""The wire schema shared by the Orchard client and the executor.
+
+Every request and response body is one of these msgspec Structs, encoded as
+msgpack (``application/msgpack``) or, for debugging with curl, JSON
+(``application/json``). Streams (streaming exec, file bodies, tar archives)
+are described next to the endpoint that uses them.
+
+Endpoints, all under ``/v1`` except ``/healthz``::
+
+    GET    /healthz                          no auth, "ok"
+    GET    /v1/info                          -> Info
+    POST   /v1/exec                          ExecRequest -> ExecResult
+    POST   /v1/exec/stream                   ExecRequest -> frames of StreamEvent
+    POST   /v1/processes                     ExecRequest -> ProcessStatus
+    GET    /v1/processes                     -> ProcessList
+    GET    /v1/processes/{id}                -> ProcessStatus
+    GET    /v1/processes/{id}/output         ?stream=&offset=&limit= -> OutputChunk
+    POST   /v1/processes/{id}/stdin          StdinRequest -> ProcessStatus
+    POST   /v1/processes/{id}/signal         SignalRequest -> ProcessStatus
+    POST   /v1/processes/{id}/wait           WaitRequest -> ProcessStatus
+    DELETE /v1/processes/{id}                kill and forget -> ProcessStatus
+    POST   /v1/sessions                      SessionRequest -> SessionInfo
+    POST   /v1/sessions/{id}/exec            SessionExecRequest -> ExecResult
+    DELETE /v1/sessions/{id}                 -> SessionInfo
+    PUT    /v1/files?path=&mode=&parents=    raw body -> FileStat (atomic)
+    GET    /v1/files?path=                   -> raw body
+    GET    /v1/files/stat?path=              -> FileStat
+    GET    /v1/files/list?path=              -> FileList
+    POST   /v1/files/mkdir                   MkdirRequest -> FileStat
+    POST   /v1/files/remove                  RemoveRequest -> Empty
+    PUT    /v1/files/tar?path=               tar body -> FileStat of the directory
+    GET    /v1/files/tar?path=               -> tar body
+
+Errors come back with a 4xx/5xx status and an ``Error`` body; ``code`` is one
+of ``ERROR_CODES`` and the client maps it to an exception through a fixed
+table.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Literal, TypeVar
+
+import msgspec
+
+API_VERSION = "v1"
+MSGPACK = "application/msgpack"
+JSON = "application/json"
+OCTET = "application/octet-stream"
+TAR = "application/x-tar"
+#: A stream of length-prefixed msgpack messages (see ``frame``).
+FRAMES = "application/x-orchard-frames"
+
+#: Default cap, per stream, on the output an exec returns.
+DEFAULT_MAX_OUTPUT = 10 * 1024 * 1024
+
+ErrorCode = Literal[
+    "unauthorized",
+    "bad_request",
+    "not_found",
+    "file_not_found",
+    "file_exists",
+    "is_a_directory",
+    "not_a_directory",
+    "permission_denied",
+    "no_space",
+    "command_not_found",
+    "process_not_found",
+    "session_not_found",
+    "unsupported",
+    "internal",
+]
+ERROR_CODES: frozenset[str] = frozenset(ErrorCode.__args__)  # type: ignore[attr-defined]
+
+
+class Error(msgspec.Struct, kw_only=True):
+    """The body of every non-2xx response."""
+
+    code: ErrorCode
+    message: str
+    path: str | None = None
+
+
+class Empty(msgspec.Struct):
+    """A response with nothing to say but success."""
+
+
+class Info(msgspec.Struct, kw_only=True):
+    """What ``/v1/info`` reports about the executor."""
+
+    version: str
+    api: str
+    pid: int
+    uptime: float
+    load: tuple[float, float, float]
+    idle_timeout: float | None
+    running_processes: int
+    sessions: int
+    cwd: str
+
+
+class ExecRequest(msgspec.Struct, kw_only=True):
+    """Run a command: ``cmd`` is an argv list, or a string for the shell."""
+
+    cmd: list[str] | str
+    cwd: str | None = None
+    env: dict[str, str] | None = None
+    stdin: bytes | None = None
+    timeout: float | None = None
+    max_output: int = DEFAULT_MAX_OUTPUT
+    #: Shell that runs a string ``cmd``, as ``shell -c cmd``.
+    shell: str = "/bin/sh"
+    #: Makes the request idempotent: a retry returns the first run's result.
+    request_id: str | None = None
+
+
+class ExecResult(msgspec.Struct, kw_only=True):
+    """The outcome of a command.
+
+    ``stdout``/``stderr`` are text (invalid UTF-8 replaced); the exact bytes
+    are in ``stdout_bytes``/``stderr_bytes``. When a stream exceeded the
+    request's ``max_output``, its first and last halves are kept, the
+    ``*_truncated`` flag is set and ``*_total`` counts every byte produced.
+    """
+
+    exit_code: int | None
+    #: The signal that ended the process, if one did (``exit_code`` is None).
+    signal: int | None = None
+    stdout_bytes: bytes = msgspec.field(default=b"", name="stdout")
+    stderr_bytes: bytes = msgspec.field(default=b"", name="stderr")
+    stdout_truncated: bool = False
+    stderr_truncated: bool = False
+    stdout_total: int = 0
+    stderr_total: int = 0
+    timed_out: bool = False
+    duration: float = 0.0
+
+    @property
+    def stdout(self) -> str:
+        """Standard output decoded as UTF-8, invalid bytes replaced."""
+        return self.stdout_bytes.decode("utf-8", "replace")
+
+    @property
+    def stderr(self) -> str:
+        """Standard error decoded as UTF-8, invalid bytes replaced."""
+        return self.stderr_bytes.decode("utf-8", "replace")
+
+    @property
+    def ok(self) -> bool:
+        """True when the command exited with status 0 in time."""
+        return self.exit_code == 0 and not self.timed_out
+
+
+class OutputEvent(msgspec.Struct, tag="output", kw_only=True):
+    """A chunk of a streaming exec's output, as the command produced it."""
+
+    stream: Literal["stdout", "stderr"]
+    data: bytes
+
+
+class ExitEvent(msgspec.Struct, tag="exit", kw_only=True):
+    """The last frame of a streaming exec: the result, without the output."""
+
+    result: ExecResult
+
+
+StreamEvent = OutputEvent | ExitEvent
+
+
+class ProcessStatus(msgspec.Struct, kw_only=True):
+    """A background process: running, or how it ended."""
+
+    id: str
+    pid: int
+    running: bool
+    exit_code: int | None = None
+    signal: int | None = None
+    stdout_size: int = 0
+    stderr_size: int = 0
+    started_at: float = 0.0
+    duration: float | None = None
+    timed_out: bool = False
+
+
+class ProcessList(msgspec.Struct, kw_only=True):
+    """Every background process the executor knows about."""
+
+    processes: list[ProcessStatus]
+
+
+class OutputChunk(msgspec.Struct, kw_only=True):
+    """Output of a background process read from ``offset``."""
+
+    data: bytes
+    offset: int
+    next_offset: int
+    #: True when the process has ended and ``next_offset`` is the end.
+    eof: bool
+
+
+class StdinRequest(msgspec.Struct, kw_only=True):
+    """Write to a background process's stdin, optionally closing it."""
+
+    data: bytes = b""
+    close: bool = False
+
+
+class SignalRequest(msgspec.Struct, kw_only=True):
+    """Send a signal to a background process's whole process group."""
+
+    signal: int
+
+
+class WaitRequest(msgspec.Struct, kw_only=True):
+    """Wait for a background process to end, at most ``timeout`` seconds."""
+
+    timeout: float | None = None
+
+
+class SessionRequest(msgspec.Struct, kw_only=True):
+    """Start a persistent shell session."""
+
+    cwd: str | None = None
+    env: dict[str, str] | None = None
+    shell: str = "bash"
+
+
+class SessionInfo(msgspec.Struct, kw_only=True):
+    """A persistent shell session and where it stands."""
+
+    id: str
+    cwd: str
+
+
+class SessionExecRequest(msgspec.Struct, kw_only=True):
+    """Run a shell command in a session; its cwd, env and variables persist."""
+
+    command: str
+    timeout: float | None = None
+    stdin: bytes | None = None
+    max_output: int = DEFAULT_MAX_OUTPUT
+    request_id: str | None = None
+
+
+FileType = Literal["file", "directory", "symlink", "other"]
+
+
+class FileStat(msgspec.Struct, kw_only=True):
+    """What ``stat`` (without following a final symlink) says about a path."""
+
+    path: str
+    name: str
+    type: FileType
+    size: int
+    mode: int
+    mtime: float
+    link_target: str | None = None
+
+
+class FileList(msgspec.Struct, kw_only=True):
+    """The entries of a directory, sorted by name."""
+
+    entries: list[FileStat]
+
+
+class MkdirRequest(msgspec.Struct, kw_only=True):
+    """Create a directory."""
+
+    path: str
+    parents: bool = True
+    mode: int = 0o755
+    exist_ok: bool = True
+
+
+class RemoveRequest(msgspec.Struct, kw_only=True):
+    """Remove a file, a symlink, or (with ``recursive``) a directory tree."""
+
+    path: str
+    recursive: bool = False
+    missing_ok: bool = False
+
+
+# Streams of msgpack messages are framed by a 4-byte big-endian length.
+FRAME_HEADER = struct.Struct(">I")
+MAX_FRAME = 64 * 1024 * 1024
+
+T = TypeVar("T")
+
+_msgpack_encoder = msgspec.msgpack.Encoder()
+_json_encoder = msgspec.json.Encoder()
+
+
+def encode(obj: object, content_type: str = MSGPACK) -> bytes:
+    """Encode a wire struct for the given content type."""
+    if content_type == JSON:
+        return _json_encoder.encode(obj)
+    return _msgpack_encoder.encode(obj)
+
+
+def decode(data: bytes, type_: type[T], content_type: str = MSGPACK) -> T:
+    """Decode a wire struct, validating it against ``type_``."""
+    if content_type.startswith(JSON):
+        return msgspec.json.decode(data, type=type_)
+    return msgspec.msgpack.decode(data, type=type_)
+
+
+def frame(obj: object) -> bytes:
+    """Encode one message of a framed msgpack stream."""
+    body = _msgpack_encoder.encode(obj)
+    return FRAME_HEADER.pack(len(body)) + body

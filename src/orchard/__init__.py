@@ -1,0 +1,46 @@
+"""Orchard: a sandbox per rollout, from any image, with millisecond exec.
+
+Example::
+
+    import asyncio
+    import orchard
+
+    async def main():
+        async with orchard.Client() as client:  # the embedded "local" backend
+            async with client.sandbox() as sb:
+                await sb.write_file("hello.py", "print('hello')")
+                result = await sb.exec("python3 hello.py", timeout=10)
+                print(result.exit_code, result.stdout)
+
+    asyncio.run(main())
+
+Errors are in ``orchard.errors``; all derive from ``OrchardError``.
+"""
+
+from orchard_executor.protocol import ExecResult, ExitEvent, FileStat, OutputEvent, ProcessStatus
+
+from . import errors
+from ._backends import LocalConfig
+from ._client import Client, sandbox
+from ._sandbox import Process, Sandbox, Shell
+from ._spec import SandboxSpec
+from .errors import OrchardError
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Client",
+    "ExecResult",
+    "ExitEvent",
+    "FileStat",
+    "LocalConfig",
+    "OrchardError",
+    "OutputEvent",
+    "Process",
+    "ProcessStatus",
+    "Sandbox",
+    "SandboxSpec",
+    "Shell",
+    "errors",
+    "sandbox",
+]

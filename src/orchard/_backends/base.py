@@ -1,0 +1,49 @@
+"""The backend interface: where a sandbox runs, not how we talk to it."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from .._spec import SandboxSpec
+from ..errors import OrchardError
+
+
+class Instance(Protocol):
+    """A started sandbox as its backend sees it: an executor at ``base_url``."""
+
+    @property
+    def base_url(self) -> str:
+        """Where the executor answers, e.g. ``http://10.0.0.7:8750``."""
+        ...
+
+    @property
+    def timings(self) -> dict[str, float]:
+        """Seconds from the start request to each startup phase, in order."""
+        ...
+
+    async def diagnose(self) -> OrchardError | None:
+        """Why the executor stopped answering, if the backend knows (None if it looks alive)."""
+        ...
+
+    async def delete(self) -> None:
+        """End the sandbox and free everything it held; safe to call twice."""
+        ...
+
+
+class Backend(Protocol):
+    """Starts sandboxes; one per Client."""
+
+    name: str
+
+    async def start(self, spec: SandboxSpec, *, sandbox_id: str, token_sha256: str) -> Instance:
+        """Start a sandbox and return once its executor is ready.
+
+        Raises:
+            SandboxStartError: it cannot start (the reason says why).
+            SandboxTimeout: it was not ready within ``spec.start_timeout``.
+        """
+        ...
+
+    async def aclose(self) -> None:
+        """Release the backend's own resources (not the sandboxes)."""
+        ...

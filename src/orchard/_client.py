@@ -1,0 +1,142 @@
+"""The Client: one per process, owning the HTTP pool, the backend and its sandboxes."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import secrets
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+
+from ._backends import BackendConfig, build_backend, make_config
+from ._backends.base import Backend, Instance
+from ._rpc import ExecutorClient
+from ._sandbox import Sandbox
+from ._spec import make_spec
+from .errors import ConfigError, SandboxClosed
+
+
+class Client:
+    """Starts sandboxes on a backend and talks to them.
+
+    Example::
+
+        async with orchard.Client() as client:              # backend="local"
+            async with client.sandbox("python:3.12") as sb:
+                print((await sb.exec("echo hi")).stdout)
+
+    Args:
+        backend: a backend name (``"local"``) or a backend config object.
+        max_concurrent_starts: sandboxes being started at once; a burst of
+            thousands waits its turn instead of flattening the backend.
+        http_session: an aiohttp session to use instead of the Client's own
+            (the caller then closes it).
+        **backend_options: options of the named backend's config.
+    """
+
+    def __init__(
+        self,
+        backend: str | BackendConfig = "local",
+        *,
+        max_concurrent_starts: int = 64,
+        http_session: aiohttp.ClientSession | None = None,
+        **backend_options: Any,
+    ) -> None:
+        if max_concurrent_starts < 1:
+            raise ConfigError("max_concurrent_starts must be at least 1")
+        self.config = make_config(backend, backend_options)
+        #: Identifies this client's sandboxes (labels, names).
+        self.session_id = secrets.token_hex(4)
+        self._backend: Backend | None = None
+        self._http = http_session
+        self._owns_http = http_session is None
+        self._starts = asyncio.Semaphore(max_concurrent_starts)
+        self._live: dict[str, Instance] = {}
+        self._closed = False
+
+    async def __aenter__(self) -> Client:
+        self._ensure_open()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await asyncio.shield(self.aclose())
+
+    def _ensure_open(self) -> tuple[Backend, aiohttp.ClientSession]:
+        if self._closed:
+            raise SandboxClosed("this Client is closed")
+        if self._backend is None:
+            self._backend = build_backend(self.config)
+        if self._http is None:
+            self._http = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=30),
+                cookie_jar=aiohttp.DummyCookieJar(),
+                auto_decompress=False,
+            )
+        return self._backend, self._http
+
+    async def create(self, image: str = "local", **spec: Any) -> Sandbox:
+        """Start a sandbox and return it once ready; ``await sb.aclose()`` ends it.
+
+        Prefer ``async with client.sandbox(...)``, which always deletes it.
+        Options are the fields of ``SandboxSpec`` (cpu, memory, env, workdir,
+        labels, ttl, idle_timeout, start_timeout).
+        """
+        backend, http = self._ensure_open()
+        sandbox_spec = make_spec(image, spec)
+        sandbox_id = f"sb-{self.session_id}-{secrets.token_hex(4)}"
+        token = secrets.token_urlsafe(32)
+        t0 = time.monotonic()
+        async with self._starts:
+            waited = time.monotonic() - t0
+            instance = await backend.start(
+                sandbox_spec, sandbox_id=sandbox_id, token_sha256=hashlib.sha256(token.encode()).hexdigest()
+            )
+        self._live[sandbox_id] = instance
+        timings = {"queued": waited} | {k: v + waited for k, v in instance.timings.items()}
+        rpc = ExecutorClient(http, instance.base_url, token, sandbox_id=sandbox_id, diagnose=instance.diagnose)
+
+        async def close() -> None:
+            self._live.pop(sandbox_id, None)
+            await instance.delete()
+
+        return Sandbox(sandbox_id=sandbox_id, spec=sandbox_spec, rpc=rpc, timings=timings, close=close)
+
+    @contextlib.asynccontextmanager
+    async def sandbox(self, image: str = "local", **spec: Any) -> AsyncIterator[Sandbox]:
+        """Start a sandbox for the duration of an ``async with`` block."""
+        sb = await self.create(image, **spec)
+        try:
+            yield sb
+        finally:
+            await asyncio.shield(sb.aclose())
+
+    async def aclose(self) -> None:
+        """Delete every sandbox still open, then release the pool and backend."""
+        if self._closed:
+            return
+        self._closed = True
+        live, self._live = list(self._live.values()), {}
+        await asyncio.gather(*(instance.delete() for instance in live), return_exceptions=True)
+        if self._backend is not None:
+            await self._backend.aclose()
+        if self._http is not None and self._owns_http:
+            await self._http.close()
+
+
+@contextlib.asynccontextmanager
+async def sandbox(
+    image: str = "local", *, backend: str | BackendConfig = "local", **spec: Any
+) -> AsyncIterator[Sandbox]:
+    """One sandbox with a Client of its own, for scripts that need just one.
+
+    Example::
+
+        async with orchard.sandbox() as sb:
+            await sb.exec("echo hi")
+    """
+    async with Client(backend) as client, client.sandbox(image, **spec) as sb:
+        yield sb

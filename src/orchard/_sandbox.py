@@ -1,0 +1,386 @@
+"""The Sandbox: exec, processes, shell sessions and files. No backend code here."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from typing import Any, Literal
+
+from orchard_executor import tarstream
+from orchard_executor.protocol import (
+    DEFAULT_MAX_OUTPUT,
+    OCTET,
+    TAR,
+    Empty,
+    ExecRequest,
+    ExecResult,
+    ExitEvent,
+    FileList,
+    FileStat,
+    Info,
+    MkdirRequest,
+    OutputChunk,
+    OutputEvent,
+    ProcessList,
+    ProcessStatus,
+    RemoveRequest,
+    SessionExecRequest,
+    SessionInfo,
+    SessionRequest,
+    SignalRequest,
+    StdinRequest,
+    WaitRequest,
+)
+
+from ._rpc import ExecutorClient
+from ._spec import SandboxSpec
+from .errors import PathNotFound, SandboxLost
+
+Command = str | Sequence[str]
+Data = bytes | str | AsyncIterable[bytes]
+_CHUNK = 256 * 1024
+
+
+def _stdin(data: bytes | str | None) -> bytes | None:
+    return data.encode() if isinstance(data, str) else data
+
+
+def _request(
+    cmd: Command,
+    cwd: str | None,
+    env: Mapping[str, str] | None,
+    stdin: bytes | str | None,
+    timeout: float | None,
+    shell: str,
+    **extra: Any,
+) -> ExecRequest:
+    return ExecRequest(
+        cmd=cmd if isinstance(cmd, str) else list(cmd),
+        cwd=cwd,
+        env=dict(env) if env else None,
+        stdin=_stdin(stdin),
+        timeout=timeout,
+        shell=shell,
+        **extra,
+    )
+
+
+class Process:
+    """A background process in a sandbox."""
+
+    def __init__(self, rpc: ExecutorClient, status: ProcessStatus) -> None:
+        self._rpc = rpc
+        self.id = status.id
+        self.pid = status.pid
+        self._path = f"/v1/processes/{status.id}"
+
+    def __repr__(self) -> str:
+        return f"<Process {self.id} pid={self.pid}>"
+
+    async def status(self) -> ProcessStatus:
+        """Whether it is running, and how it ended."""
+        return await self._rpc.call("GET", self._path, ProcessStatus)
+
+    async def read(
+        self, stream: Literal["stdout", "stderr"] = "stdout", offset: int = 0, limit: int = 1024 * 1024
+    ) -> OutputChunk:
+        """Read output from ``offset``; pass ``chunk.next_offset`` to continue."""
+        params = {"stream": stream, "offset": str(offset), "limit": str(limit)}
+        return await self._rpc.call("GET", f"{self._path}/output", OutputChunk, params=params)
+
+    async def output(self, stream: Literal["stdout", "stderr"] = "stdout") -> bytes:
+        """All the output of ``stream`` produced so far."""
+        parts, offset = [], 0
+        while True:
+            chunk = await self.read(stream, offset)
+            parts.append(chunk.data)
+            if not chunk.data:
+                return b"".join(parts)
+            offset = chunk.next_offset
+
+    async def write_stdin(self, data: bytes | str, *, close: bool = False) -> None:
+        """Write to its stdin, and close it with ``close=True``."""
+        await self._rpc.call(
+            "POST",
+            f"{self._path}/stdin",
+            ProcessStatus,
+            StdinRequest(data=_stdin(data) or b"", close=close),
+            retry=False,
+        )
+
+    async def signal(self, sig: int) -> ProcessStatus:
+        """Send a signal to its whole process group."""
+        return await self._rpc.call("POST", f"{self._path}/signal", ProcessStatus, SignalRequest(signal=int(sig)))
+
+    async def wait(self, timeout: float | None = None) -> ProcessStatus:
+        """Wait until it ends (or ``timeout`` passes) and return its status."""
+        return await self._rpc.call(
+            "POST", f"{self._path}/wait", ProcessStatus, WaitRequest(timeout=timeout), timeout=timeout
+        )
+
+    async def kill(self) -> ProcessStatus:
+        """Kill its process group and forget it (its output is deleted)."""
+        return await self._rpc.call("DELETE", self._path, ProcessStatus)
+
+
+class Shell:
+    """A persistent shell session: cwd, env, variables and functions carry over.
+
+    A command that times out is killed and leaves the session as it was.
+    """
+
+    def __init__(self, rpc: ExecutorClient, info: SessionInfo) -> None:
+        self._rpc = rpc
+        self.id = info.id
+        self.cwd = info.cwd
+
+    def __repr__(self) -> str:
+        return f"<Shell {self.id} cwd={self.cwd!r}>"
+
+    async def exec(
+        self,
+        command: str,
+        *,
+        timeout: float | None = None,
+        stdin: bytes | str | None = None,
+        max_output: int = DEFAULT_MAX_OUTPUT,
+    ) -> ExecResult:
+        """Run ``command`` in the session."""
+        req = SessionExecRequest(
+            command=command,
+            timeout=timeout,
+            stdin=_stdin(stdin),
+            max_output=max_output,
+            request_id=uuid.uuid4().hex,
+        )
+        return await self._rpc.call("POST", f"/v1/sessions/{self.id}/exec", ExecResult, req, timeout=timeout)
+
+    async def aclose(self) -> None:
+        """End the session."""
+        await self._rpc.call("DELETE", f"/v1/sessions/{self.id}", SessionInfo)
+
+    async def __aenter__(self) -> Shell:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+class Sandbox:
+    """One isolated environment: run commands in it and move files in and out.
+
+    Get one from ``Client.sandbox()``; it is deleted when the block exits.
+    """
+
+    def __init__(
+        self,
+        *,
+        sandbox_id: str,
+        spec: SandboxSpec,
+        rpc: ExecutorClient,
+        timings: dict[str, float],
+        close: Callable[[], Awaitable[None]],
+    ) -> None:
+        self.id = sandbox_id
+        self.spec = spec
+        #: Seconds from the create request to each startup phase.
+        self.timings = timings
+        self._rpc = rpc
+        self._close = close
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"<Sandbox {self.id} image={self.spec.image!r}>"
+
+    @property
+    def image(self) -> str:
+        """The image the sandbox was started from."""
+        return self.spec.image
+
+    async def aclose(self) -> None:
+        """Delete the sandbox and everything running in it; safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        self._rpc.closed = True
+        await self._close()
+
+    async def __aenter__(self) -> Sandbox:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await asyncio.shield(self.aclose())
+
+    # Commands
+
+    async def exec(
+        self,
+        cmd: Command,
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        stdin: bytes | str | None = None,
+        timeout: float | None = None,
+        max_output: int = DEFAULT_MAX_OUTPUT,
+        shell: str = "/bin/sh",
+    ) -> ExecResult:
+        """Run a command to the end and return its result.
+
+        Args:
+            cmd: an argv list, or a string run by ``shell -c``.
+            cwd: working directory (default: the sandbox's workdir).
+            env: variables added to the sandbox's environment.
+            stdin: bytes fed to the command's stdin (default: empty).
+            timeout: seconds after which the whole process group is killed;
+                the result then has ``timed_out=True`` and the output so far.
+            max_output: bytes kept per stream; beyond it the first and last
+                halves are kept and ``stdout_truncated``/``stderr_truncated`` set.
+            shell: the shell that runs a string ``cmd``.
+        """
+        req = _request(cmd, cwd, env, stdin, timeout, shell, max_output=max_output, request_id=uuid.uuid4().hex)
+        return await self._rpc.call("POST", "/v1/exec", ExecResult, req, timeout=timeout)
+
+    async def exec_stream(
+        self,
+        cmd: Command,
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        stdin: bytes | str | None = None,
+        timeout: float | None = None,
+        shell: str = "/bin/sh",
+    ) -> AsyncIterator[OutputEvent | ExitEvent]:
+        """Run a command, yielding ``OutputEvent`` chunks as they are produced.
+
+        The last event is an ``ExitEvent`` whose ``result`` has the exit code,
+        ``timed_out`` and byte counts (its output fields are empty). Leaving
+        the loop early kills the command.
+        """
+        req = _request(cmd, cwd, env, stdin, timeout, shell)
+        totals = {"stdout": 0, "stderr": 0}
+        async for event in self._rpc.frames("/v1/exec/stream", req, timeout):
+            if isinstance(event, OutputEvent):
+                totals[event.stream] += len(event.data)
+                yield event
+            else:
+                event.result.stdout_total = totals["stdout"]
+                event.result.stderr_total = totals["stderr"]
+                yield event
+                return
+        raise SandboxLost(
+            f"sandbox {self.id}: the output stream ended before the command did", sandbox_id=self.id, reason="stream"
+        )
+
+    async def start_process(
+        self,
+        cmd: Command,
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        stdin: bytes | str | None = None,
+        timeout: float | None = None,
+        shell: str = "/bin/sh",
+    ) -> Process:
+        """Start a command in the background; its output is kept in the sandbox."""
+        req = _request(cmd, cwd, env, stdin, timeout, shell)
+        status = await self._rpc.call("POST", "/v1/processes", ProcessStatus, req, retry=False)
+        return Process(self._rpc, status)
+
+    async def processes(self) -> list[ProcessStatus]:
+        """Every background process started in this sandbox."""
+        return (await self._rpc.call("GET", "/v1/processes", ProcessList)).processes
+
+    async def shell(
+        self, *, cwd: str | None = None, env: Mapping[str, str] | None = None, shell: str = "bash"
+    ) -> Shell:
+        """Open a persistent shell session (needs bash in the sandbox)."""
+        req = SessionRequest(cwd=cwd, env=dict(env) if env else None, shell=shell)
+        return Shell(self._rpc, await self._rpc.call("POST", "/v1/sessions", SessionInfo, req, retry=False))
+
+    async def info(self) -> Info:
+        """The executor's version, uptime and load."""
+        return await self._rpc.call("GET", "/v1/info", Info)
+
+    # Files
+
+    async def write_file(self, path: str, data: Data, *, mode: int = 0o644, parents: bool = True) -> FileStat:
+        """Write a file atomically (streamed if ``data`` is an async iterable)."""
+        body = data.encode() if isinstance(data, str) else data
+        params = {"path": path, "mode": str(mode), "parents": "1" if parents else "0"}
+        return await self._rpc.send("PUT", "/v1/files", FileStat, body, params=params, content_type=OCTET)
+
+    def stream_file(self, path: str) -> AsyncIterator[bytes]:
+        """Yield a file's bytes in chunks, without holding it all in memory."""
+        return self._rpc.receive("/v1/files", {"path": path})
+
+    async def read_file(self, path: str) -> bytes:
+        """A file's whole content."""
+        return b"".join([chunk async for chunk in self.stream_file(path)])
+
+    async def stat(self, path: str) -> FileStat:
+        """Type, size, mode and mtime of a path (a final symlink is not followed)."""
+        return await self._rpc.call("GET", "/v1/files/stat", FileStat, params={"path": path})
+
+    async def exists(self, path: str) -> bool:
+        """Whether the path exists."""
+        try:
+            await self.stat(path)
+        except PathNotFound:
+            return False
+        return True
+
+    async def list_dir(self, path: str = ".") -> list[FileStat]:
+        """The entries of a directory, sorted by name."""
+        return (await self._rpc.call("GET", "/v1/files/list", FileList, params={"path": path})).entries
+
+    async def mkdir(self, path: str, *, parents: bool = True, mode: int = 0o755, exist_ok: bool = True) -> FileStat:
+        """Create a directory."""
+        req = MkdirRequest(path=path, parents=parents, mode=mode, exist_ok=exist_ok)
+        return await self._rpc.call("POST", "/v1/files/mkdir", FileStat, req)
+
+    async def remove(self, path: str, *, recursive: bool = False, missing_ok: bool = False) -> None:
+        """Remove a file or symlink, or a directory (a whole tree with ``recursive``)."""
+        await self._rpc.call(
+            "POST", "/v1/files/remove", Empty, RemoveRequest(path=path, recursive=recursive, missing_ok=missing_ok)
+        )
+
+    async def upload(self, local_path: str | os.PathLike[str], path: str) -> FileStat:
+        """Copy a local file or directory tree (as a tar stream) to ``path``."""
+        local = os.fspath(local_path)
+        if os.path.isdir(local):
+            return await self.upload_tar(path, tarstream.archive(local))
+        mode = os.stat(local).st_mode & 0o7777
+        return await self.write_file(path, _file_chunks(local), mode=mode)
+
+    async def download(self, path: str, local_path: str | os.PathLike[str]) -> None:
+        """Copy a sandbox file or directory tree to ``local_path``."""
+        local = os.fspath(local_path)
+        if (await self.stat(path)).type == "directory":
+            await tarstream.extract(self.download_tar(path), local)
+            return
+        tmp = f"{local}.orchard-part"
+        try:
+            with open(tmp, "wb") as f:
+                async for chunk in self.stream_file(path):
+                    f.write(chunk)
+            os.replace(tmp, local)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+
+    def download_tar(self, path: str) -> AsyncIterator[bytes]:
+        """A tar stream of a sandbox directory's contents (or of one file)."""
+        return self._rpc.receive("/v1/files/tar", {"path": path})
+
+    async def upload_tar(self, path: str, tar: bytes | AsyncIterable[bytes]) -> FileStat:
+        """Extract a tar stream into the sandbox directory ``path``."""
+        return await self._rpc.send("PUT", "/v1/files/tar", FileStat, tar, params={"path": path}, content_type=TAR)
+
+
+async def _file_chunks(path: str) -> AsyncIterator[bytes]:
+    with open(path, "rb") as f:
+        while chunk := await asyncio.to_thread(f.read, _CHUNK):
+            yield chunk

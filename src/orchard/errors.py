@@ -1,0 +1,122 @@
+"""Orchard's exceptions: one base, each subclass also the builtin it means.
+
+Errors the executor reports arrive as a code from the wire schema and are
+mapped to these classes through ``EXECUTOR_ERRORS``, a fixed table.
+"""
+
+from __future__ import annotations
+
+
+class OrchardError(Exception):
+    """Base of every error Orchard raises."""
+
+    def __init__(self, message: str, *, sandbox_id: str | None = None) -> None:
+        super().__init__(message)
+        self.sandbox_id = sandbox_id
+
+
+class ConfigError(OrchardError, ValueError):
+    """A client or sandbox option is invalid; the message names the option."""
+
+
+class SandboxStartError(OrchardError, RuntimeError):
+    """A sandbox could not be started (bad image, dead at start, no capacity)."""
+
+    def __init__(self, message: str, *, sandbox_id: str | None = None, reason: str | None = None) -> None:
+        super().__init__(message, sandbox_id=sandbox_id)
+        #: The backend's short reason, such as ``ImagePullBackOff`` or ``exited``.
+        self.reason = reason
+
+
+class SandboxTimeout(OrchardError, TimeoutError):
+    """A sandbox did not become ready within ``start_timeout``."""
+
+
+class SandboxLost(OrchardError, ConnectionError):
+    """The sandbox went away (killed, deleted, evicted, executor exited)."""
+
+    def __init__(self, message: str, *, sandbox_id: str | None = None, reason: str | None = None) -> None:
+        super().__init__(message, sandbox_id=sandbox_id)
+        #: The backend's short reason, such as ``OOMKilled`` or ``exited``.
+        self.reason = reason
+
+
+class SandboxClosed(OrchardError, RuntimeError):
+    """The sandbox (or its client) was already closed."""
+
+
+class ExecutorError(OrchardError):
+    """An error reported by the executor inside the sandbox."""
+
+    def __init__(self, message: str, *, code: str, path: str | None = None, sandbox_id: str | None = None) -> None:
+        super().__init__(message, sandbox_id=sandbox_id)
+        #: The wire error code (see ``orchard_executor.protocol.ErrorCode``).
+        self.code = code
+        #: The sandbox path the error is about, if any.
+        self.path = path
+
+
+class AuthError(ExecutorError, PermissionError):
+    """The executor rejected the sandbox token."""
+
+
+class InvalidRequest(ExecutorError, ValueError):
+    """The executor rejected a request as malformed or out of range."""
+
+
+class PathNotFound(ExecutorError, FileNotFoundError):
+    """A file, directory or working directory does not exist in the sandbox."""
+
+
+class PathExists(ExecutorError, FileExistsError):
+    """The path already exists (or a directory is not empty)."""
+
+
+class IsADirectory(ExecutorError, IsADirectoryError):
+    """A file operation was given a directory."""
+
+
+class NotADirectory(ExecutorError, NotADirectoryError):
+    """A directory operation was given something else."""
+
+
+class PermissionDenied(ExecutorError, PermissionError):
+    """The sandbox's file permissions refused the operation."""
+
+
+class NoSpace(ExecutorError, OSError):
+    """The sandbox's disk is full; nothing was partially written."""
+
+
+class CommandNotFound(ExecutorError, FileNotFoundError):
+    """The program (or the shell for a string command) is not in the sandbox."""
+
+
+class ProcessNotFound(ExecutorError, LookupError):
+    """No background process with that id."""
+
+
+class SessionNotFound(ExecutorError, LookupError):
+    """No shell session with that id."""
+
+
+class Unsupported(ExecutorError, NotImplementedError):
+    """The executor does not support this operation."""
+
+
+EXECUTOR_ERRORS: dict[str, type[ExecutorError]] = {
+    "unauthorized": AuthError,
+    "bad_request": InvalidRequest,
+    "not_found": InvalidRequest,
+    "file_not_found": PathNotFound,
+    "file_exists": PathExists,
+    "is_a_directory": IsADirectory,
+    "not_a_directory": NotADirectory,
+    "permission_denied": PermissionDenied,
+    "no_space": NoSpace,
+    "command_not_found": CommandNotFound,
+    "process_not_found": ProcessNotFound,
+    "session_not_found": SessionNotFound,
+    "unsupported": Unsupported,
+    "internal": ExecutorError,
+}
