@@ -19,6 +19,7 @@ Body = bytes | AsyncIterable[bytes] | None
 #: Added to a command's own timeout to get the HTTP read timeout.
 TIMEOUT_MARGIN = 30.0
 _STREAM_EVENT = msgspec.msgpack.Decoder(StreamEvent)
+_NO_READ_TIMEOUT = aiohttp.ClientTimeout(total=None, connect=30.0, sock_read=None)
 
 
 class ExecutorClient:
@@ -41,8 +42,9 @@ class ExecutorClient:
         self.closed = False
 
     def _timeout(self, command_timeout: float | None) -> aiohttp.ClientTimeout:
-        read = None if command_timeout is None else command_timeout + TIMEOUT_MARGIN
-        return aiohttp.ClientTimeout(total=None, connect=30.0, sock_read=read)
+        if command_timeout is None:
+            return _NO_READ_TIMEOUT
+        return aiohttp.ClientTimeout(total=None, connect=30.0, sock_read=command_timeout + TIMEOUT_MARGIN)
 
     async def _raise_for(self, resp: aiohttp.ClientResponse) -> None:
         body = await resp.read()
@@ -162,9 +164,13 @@ class ExecutorClient:
     async def _run(self, once: Callable[[], Awaitable[T]], retry: bool) -> T:
         self._check_open()
         try:
+            # The first try goes without the retry controller: it is the hot path.
+            return await once()
+        except _retry.TRANSIENT as exc:
             if not retry:
-                return await once()
-            async for attempt in _retry.policy():
+                raise await self._lost(exc) from exc
+        try:
+            async for attempt in _retry.policy(attempts=3):
                 with attempt:
                     return await once()
         except _retry.TRANSIENT as exc:
