@@ -1,0 +1,7 @@
+"""``python -m orchard``: the same as the ``orchard`` command."""
+
+import sys
+
+from ._cli import main
+
+sys.exit(main())
