@@ -351,7 +351,7 @@ async def process_signal(request: web.Request) -> web.Response:
     req = await _body(request, SignalRequest)
     if not bg.done.is_set():
         try:
-            os.killpg(bg.proc.pid, req.signal)
+            os.killpg(bg.child.pid, req.signal)
         except ValueError as exc:
             raise ExecutorError("bad_request", f"invalid signal {req.signal}") from exc
         except ProcessLookupError:

@@ -10,7 +10,7 @@ import time
 
 from .errors import ExecutorError
 from .protocol import ExecRequest, OutputChunk, ProcessStatus
-from .runner import build_argv, kill_tree, spawn_error
+from .runner import Child, build_argv, kill_tree, write_all
 
 MAX_READ = 4 * 1024 * 1024
 
@@ -18,9 +18,11 @@ MAX_READ = 4 * 1024 * 1024
 class BackgroundProcess:
     """One process started in the background, its output in two files."""
 
-    def __init__(self, id_: str, proc: asyncio.subprocess.Process, out: str, err: str) -> None:
+    def __init__(self, id_: str, child: Child, stdin: int, out: str, err: str) -> None:
         self.id = id_
-        self.proc = proc
+        self.child = child
+        #: Write end of the process's stdin pipe (-1 once closed).
+        self.stdin = stdin
         self.paths = {"stdout": out, "stderr": err}
         self.started_at = time.time()
         self._started = time.monotonic()
@@ -31,17 +33,17 @@ class BackgroundProcess:
     async def supervise(self, timeout: float | None) -> None:
         """Wait for the end, killing the process group at ``timeout``."""
         try:
-            await asyncio.wait_for(self.proc.wait(), timeout)
+            await asyncio.wait_for(self.child.wait(), timeout)
         except TimeoutError:
             self.timed_out = True
-            kill_tree(self.proc.pid)
-            await self.proc.wait()
+            kill_tree(self.child.pid)
+            await self.child.wait()
         self.duration = time.monotonic() - self._started
         self.done.set()
 
     def status(self) -> ProcessStatus:
         """Where the process stands now."""
-        code = self.proc.returncode
+        code = self.child.returncode
         sizes = {}
         for name, path in self.paths.items():
             try:
@@ -50,7 +52,7 @@ class BackgroundProcess:
                 sizes[name] = 0
         return ProcessStatus(
             id=self.id,
-            pid=self.proc.pid,
+            pid=self.child.pid,
             running=code is None,
             exit_code=code if code is not None and code >= 0 else None,
             signal=-code if code is not None and code < 0 else None,
@@ -104,20 +106,23 @@ class ProcessTable:
         out = os.path.join(self._dir, f"{id_}.stdout")
         err = os.path.join(self._dir, f"{id_}.stderr")
         workdir = request.cwd or cwd
-        with open(out, "wb") as fout, open(err, "wb") as ferr:
-            try:
-                proc = await asyncio.create_subprocess_exec(
-                    *argv,
-                    stdin=asyncio.subprocess.PIPE,
-                    stdout=fout,
-                    stderr=ferr,
+        in_r, in_w = os.pipe()
+        try:
+            with open(out, "wb") as fout, open(err, "wb") as ferr:
+                child = Child(
+                    argv,
                     cwd=workdir,
                     env=env if request.env is None else env | request.env,
-                    start_new_session=True,
+                    stdin=in_r,
+                    stdout=fout.fileno(),
+                    stderr=ferr.fileno(),
                 )
-            except OSError as exc:
-                raise spawn_error(exc, argv, workdir) from exc
-        bg = BackgroundProcess(id_, proc, out, err)
+        except BaseException:
+            os.close(in_w)
+            raise
+        finally:
+            os.close(in_r)
+        bg = BackgroundProcess(id_, child, in_w, out, err)
         if request.stdin:
             await self.write_stdin(bg, request.stdin, close=False)
         self._procs[id_] = bg
@@ -128,23 +133,23 @@ class ProcessTable:
 
     async def write_stdin(self, bg: BackgroundProcess, data: bytes, *, close: bool) -> None:
         """Write to the process's stdin; a process that closed it is not an error."""
-        stdin = bg.proc.stdin
-        if stdin is None:
-            return
-        try:
+        if bg.stdin < 0:
             if data:
-                stdin.write(data)
-                await stdin.drain()
-            if close:
-                stdin.close()
-        except (BrokenPipeError, ConnectionResetError):
-            pass
+                raise ExecutorError("bad_request", f"the stdin of process {bg.id} is closed")
+            return
+        if data:
+            await asyncio.get_running_loop().run_in_executor(None, write_all, bg.stdin, data)
+        if close:
+            os.close(bg.stdin)
+            bg.stdin = -1
 
     def forget(self, id_: str) -> BackgroundProcess:
         """Kill a process (if running) and drop it and its output files."""
         bg = self.get(id_)
         if not bg.done.is_set():
-            kill_tree(bg.proc.pid)
+            kill_tree(bg.child.pid)
+        if bg.stdin >= 0:
+            os.close(bg.stdin)
         del self._procs[id_]
         for path in bg.paths.values():
             with contextlib.suppress(OSError):
@@ -155,4 +160,4 @@ class ProcessTable:
         """Kill every running process group (at executor shutdown)."""
         for bg in self._procs.values():
             if not bg.done.is_set():
-                kill_tree(bg.proc.pid)
+                kill_tree(bg.child.pid)

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import subprocess
 import time
 from collections.abc import Callable
 from typing import Literal
@@ -19,6 +20,11 @@ OutputSink = Callable[[StreamName, bytes], None]
 #: After the command exits, how long to wait for processes it left behind to
 #: close the output pipes before returning what was read.
 PIPE_GRACE = 0.5
+READ_SIZE = 256 * 1024
+
+#: Pids spawned here and not yet reaped. A zombie reaper (the executor as PID 1)
+#: must leave these alone: ``Child`` waits for them itself.
+TRACKED: set[int] = set()
 
 
 class OutputBuffer:
@@ -117,75 +123,138 @@ def spawn_error(exc: OSError, argv: list[str], cwd: str) -> ExecutorError:
     return ExecutorError("bad_request", f"cannot execute {argv[0]!r}: {exc}", argv[0])
 
 
-class _Protocol(asyncio.SubprocessProtocol):
-    def __init__(self, sink: OutputSink) -> None:
+def write_all(fd: int, data: bytes) -> None:
+    """Write everything to a blocking fd (run in a thread); a closed reader is not an error."""
+    view = memoryview(data)
+    with contextlib.suppress(BrokenPipeError):
+        while view:
+            view = view[os.write(fd, view) :]
+
+
+class Child:
+    """A process started in a session of its own, its exit watched through a pidfd.
+
+    Lighter than asyncio's subprocess machinery (no transports, no child
+    watcher), and every pid it has not yet reaped is in ``TRACKED``, so a
+    zombie reaper running as PID 1 knows which children are ours to wait for.
+    """
+
+    def __init__(self, argv: list[str], *, cwd: str, env: dict[str, str], stdin: int, stdout: int, stderr: int) -> None:
+        try:
+            popen = subprocess.Popen(
+                argv, cwd=cwd, env=env, stdin=stdin, stdout=stdout, stderr=stderr, start_new_session=True
+            )
+        except OSError as exc:
+            raise spawn_error(exc, argv, cwd) from exc
+        self._popen = popen
+        self.pid: int = popen.pid
+        self.returncode: int | None = None
+        TRACKED.add(self.pid)
+        self._loop = asyncio.get_running_loop()
+        self._exited: asyncio.Future[None] = self._loop.create_future()
+        try:
+            self._pidfd = os.pidfd_open(self.pid)
+        except OSError:  # no pidfd (Linux < 5.3): a thread waits instead
+            self._pidfd = -1
+            waiter = self._loop.run_in_executor(None, os.waitpid, self.pid, 0)
+            waiter.add_done_callback(lambda f: self._set(f.result()[1]))
+        else:
+            self._loop.add_reader(self._pidfd, self._reap)
+
+    def _reap(self) -> None:
+        self._loop.remove_reader(self._pidfd)
+        os.close(self._pidfd)
+        self._set(os.waitpid(self.pid, 0)[1])
+
+    def _set(self, status: int) -> None:
+        self.returncode = self._popen.returncode = os.waitstatus_to_exitcode(status)
+        TRACKED.discard(self.pid)
+        self._exited.set_result(None)
+
+    async def wait(self) -> int:
+        """Wait for the exit; the return code is negative for a signal."""
+        await asyncio.shield(self._exited)
+        assert self.returncode is not None
+        return self.returncode
+
+
+class _Pipes:
+    """Reads a command's stdout and stderr pipes into a sink as data arrives."""
+
+    def __init__(self, fds: dict[int, StreamName], sink: OutputSink) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._fds = fds
         self._sink = sink
-        self._open = {1, 2}
-        loop = asyncio.get_running_loop()
-        self.exited: asyncio.Future[None] = loop.create_future()
-        self.pipes_closed: asyncio.Future[None] = loop.create_future()
+        self.closed: asyncio.Future[None] = self._loop.create_future()
+        for fd in fds:
+            os.set_blocking(fd, False)
+        self.pause(False)
 
-    def pipe_data_received(self, fd: int, data: bytes) -> None:
-        self._sink("stdout" if fd == 1 else "stderr", data)
+    def _read(self, fd: int) -> None:
+        try:
+            data = os.read(fd, READ_SIZE)
+        except BlockingIOError:
+            return
+        if data:
+            self._sink(self._fds[fd], data)
+        else:
+            self._close(fd)
 
-    def pipe_connection_lost(self, fd: int, exc: Exception | None) -> None:
-        self._open.discard(fd)
-        if not self._open and not self.pipes_closed.done():
-            self.pipes_closed.set_result(None)
+    def _close(self, fd: int) -> None:
+        self._loop.remove_reader(fd)
+        os.close(fd)
+        del self._fds[fd]
+        if not self._fds and not self.closed.done():
+            self.closed.set_result(None)
 
-    def process_exited(self) -> None:
-        if not self.exited.done():
-            self.exited.set_result(None)
+    def pause(self, paused: bool) -> None:
+        """Stop or resume reading (backpressure for streamed output)."""
+        for fd in self._fds:
+            if paused:
+                self._loop.remove_reader(fd)
+            else:
+                self._loop.add_reader(fd, self._read, fd)
+
+    def close(self) -> None:
+        """Stop reading and close whatever is still open."""
+        for fd in list(self._fds):
+            self._close(fd)
 
 
 class Running:
     """A started command; ``wait()`` enforces the timeout and returns the result."""
 
-    def __init__(
-        self,
-        transport: asyncio.SubprocessTransport,
-        protocol: _Protocol,
-        timeout: float | None,
-        started: float,
-    ) -> None:
-        self.transport = transport
-        self._protocol = protocol
+    def __init__(self, child: Child, pipes: _Pipes, timeout: float | None, started: float) -> None:
+        self._child = child
+        self._pipes = pipes
         self._timeout = timeout
         self._started = started
-        self.pid: int = transport.get_pid()
+        self.pid = child.pid
 
     def pause_output(self, paused: bool) -> None:
         """Stop or resume reading the output pipes (backpressure for streams)."""
-        for fd in (1, 2):
-            pipe = self.transport.get_pipe_transport(fd)
-            if pipe is None or pipe.is_closing():
-                continue
-            if paused:
-                pipe.pause_reading()  # type: ignore[attr-defined]
-            else:
-                pipe.resume_reading()  # type: ignore[attr-defined]
+        self._pipes.pause(paused)
 
     async def wait(self) -> tuple[int | None, int | None, bool, float]:
         """Wait for the end: (exit_code, signal, timed_out, duration)."""
         timed_out = False
         try:
             try:
-                await asyncio.wait_for(asyncio.shield(self._protocol.exited), self._timeout)
+                await asyncio.wait_for(self._child.wait(), self._timeout)
             except TimeoutError:
                 timed_out = True
                 kill_tree(self.pid)
-                await self._protocol.exited
+                await self._child.wait()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(self._protocol.pipes_closed), PIPE_GRACE)
+                await asyncio.wait_for(asyncio.shield(self._pipes.closed), PIPE_GRACE)
         except asyncio.CancelledError:
             # The client went away: the command must not outlive its request.
             kill_tree(self.pid)
             raise
         finally:
-            self.transport.close()
+            self._pipes.close()
         duration = time.monotonic() - self._started
-        code = self.transport.get_returncode()
-        assert code is not None
+        code = await self._child.wait()
         if code < 0:
             return None, -code, timed_out, duration
         return code, None, timed_out, duration
@@ -201,28 +270,24 @@ async def start(
     sink: OutputSink,
 ) -> Running:
     """Start ``argv`` in a new process group, output delivered to ``sink``."""
-    loop = asyncio.get_running_loop()
     started = time.monotonic()
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    in_r, in_w = os.pipe() if stdin else (os.open(os.devnull, os.O_RDONLY), -1)
     try:
-        transport, protocol = await loop.subprocess_exec(
-            lambda: _Protocol(sink),
-            *argv,
-            stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            cwd=cwd,
-            env=env,
-            start_new_session=True,
-        )
-    except OSError as exc:
-        raise spawn_error(exc, argv, cwd) from exc
-    if stdin is not None:
-        pipe = transport.get_pipe_transport(0)
-        if pipe is not None:
-            with contextlib.suppress(OSError):
-                pipe.write(stdin)  # type: ignore[attr-defined]
-            pipe.close()
-    return Running(transport, protocol, timeout, started)
+        child = Child(argv, cwd=cwd, env=env, stdin=in_r, stdout=out_w, stderr=err_w)
+    except BaseException:
+        for fd in (out_r, err_r, in_w):
+            if fd >= 0:
+                os.close(fd)
+        raise
+    finally:
+        for fd in (out_w, err_w, in_r):
+            os.close(fd)
+    if stdin:
+        feeder = asyncio.get_running_loop().run_in_executor(None, write_all, in_w, stdin)
+        feeder.add_done_callback(lambda _: os.close(in_w))
+    return Running(child, _Pipes({out_r: "stdout", err_r: "stderr"}, sink), timeout, started)
 
 
 async def run(request: ExecRequest, *, cwd: str, env: dict[str, str], sink: OutputSink | None = None) -> ExecResult:
