@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import sys
+
+# The executor never speaks TLS: keep libssl out of its memory (aiohttp copes).
+sys.modules.setdefault("ssl", None)  # type: ignore[arg-type]
+
 import argparse
 import asyncio
-import contextlib
 import json
 import os
 import shutil
 import signal
 import socket
-import sys
 from collections.abc import Callable
 
 from aiohttp import web
@@ -51,19 +54,8 @@ async def _watch_stdin(stop: asyncio.Event) -> None:
     stop.set()
 
 
-def _use_pidfd_watcher() -> None:
-    # Python < 3.12 waits for children with a thread each; pidfds are cheaper.
-    if sys.version_info < (3, 12) and hasattr(asyncio, "PidfdChildWatcher"):
-        with contextlib.suppress(OSError):
-            os.close(os.pidfd_open(os.getpid()))
-            watcher = asyncio.PidfdChildWatcher()
-            watcher.attach_loop(asyncio.get_running_loop())
-            asyncio.set_child_watcher(watcher)
-
-
 async def serve(args: argparse.Namespace) -> str:
     """Serve until told to stop; returns why it stopped."""
-    _use_pidfd_watcher()
     if not args.token_sha256:
         raise SystemExit("orchard-executor: a token hash is required (--token-sha256); it never runs without auth")
     settings = Settings(
@@ -74,7 +66,8 @@ async def serve(args: argparse.Namespace) -> str:
     )
     app = create_app(settings)
     state = app[STATE]
-    runner = web.AppRunner(app, handle_signals=False, access_log=None)
+    # A client that disconnects cancels its handler, which kills the command it was running.
+    runner = web.AppRunner(app, handle_signals=False, access_log=None, handler_cancellation=True)
     await runner.setup()
     sock = socket.create_server((args.host, args.port))
     site = web.SockSite(runner, sock)
