@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
@@ -17,6 +17,10 @@ class LocalConfig(msgspec.Struct, kw_only=True, frozen=True, tag="local"):
     root: str | None = None
     #: Python interpreter that runs the executors (default: this one).
     python: str | None = None
+    #: "bwrap": run each sandbox under bubblewrap (read-only host, private /tmp,
+    #: its own user, pid, ipc and uts namespaces); "none": plain child processes;
+    #: "auto": bwrap when it is installed and works.
+    isolation: Literal["auto", "bwrap", "none"] = "none"
 
 
 BackendConfig = LocalConfig

@@ -17,7 +17,7 @@ import contextlib
 import json
 import os
 import shutil
-import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -57,6 +57,39 @@ def _tail(path: str, limit: int = 2000) -> str:
         return ""
 
 
+def _bwrap_argv(bwrap: str, directory: str, workdir: str) -> list[str]:
+    """Bubblewrap options: the host read-only, the sandbox's own directories writable."""
+    argv = [bwrap, "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
+    argv += ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
+    argv += ["--bind", directory, directory]
+    if not workdir.startswith(directory + os.sep):
+        argv += ["--bind", workdir, workdir]
+    return [*argv, "--cap-drop", "ALL", "--chdir", workdir, "--"]
+
+
+def _find_bwrap(isolation: str) -> str | None:
+    """The bwrap binary to use, None for no isolation, or a ConfigError."""
+    if isolation == "none":
+        return None
+    bwrap = shutil.which("bwrap")
+    works = bwrap is not None and (
+        subprocess.run(
+            [bwrap, "--unshare-user", "--unshare-pid", "--ro-bind", "/", "/", "--", "true"],
+            capture_output=True,
+            check=False,
+        ).returncode
+        == 0
+    )
+    if works:
+        return bwrap
+    if isolation == "bwrap":
+        raise ConfigError(
+            "isolation='bwrap' but bubblewrap is not installed or cannot create namespaces here; "
+            "install it (apt-get install bubblewrap) or use isolation='none'"
+        )
+    return None
+
+
 class LocalInstance:
     """One executor process and its directory."""
 
@@ -73,8 +106,8 @@ class LocalInstance:
 
     def _expire(self) -> None:
         self._expired = True
-        with contextlib.suppress(ProcessLookupError):
-            self.proc.send_signal(signal.SIGTERM)
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
 
     async def diagnose(self) -> OrchardError | None:
         """The executor process's fate, with the tail of its log."""
@@ -100,17 +133,17 @@ class LocalInstance:
         self._deleted = True
         if self._ttl is not None:
             self._ttl.cancel()
+        # Closing its stdin is the executor's cue to kill its commands and exit,
+        # which also works through bubblewrap (signals to bwrap are not forwarded).
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
         if self.proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                self.proc.send_signal(signal.SIGTERM)
             try:
                 await asyncio.wait_for(self.proc.wait(), 5)
             except TimeoutError:
                 with contextlib.suppress(ProcessLookupError):
                     self.proc.kill()
                 await self.proc.wait()
-        if self.proc.stdin is not None:
-            self.proc.stdin.close()
         await asyncio.to_thread(shutil.rmtree, self.dir, True)
 
 
@@ -123,6 +156,7 @@ class LocalBackend:
         self._python = config.python or sys.executable
         self._root = config.root or os.path.join(tempfile.gettempdir(), f"orchard-{os.getuid()}")
         self._launch = _LAUNCH.format(paths=_import_paths())
+        self._bwrap = _find_bwrap(config.isolation)
 
     def _environment(self, spec: SandboxSpec, workdir: str, tmp: str) -> dict[str, str]:
         env = {
@@ -158,6 +192,7 @@ class LocalBackend:
             raise ConfigError(f"workdir={spec.workdir!r} cannot be created: {exc}") from exc
         ready_r, ready_w = os.pipe()
         argv = [
+            *(_bwrap_argv(self._bwrap, directory, workdir) if self._bwrap else []),
             self._python,
             "-I",
             "-c",
