@@ -68,14 +68,14 @@ class Client:
     def _ensure_open(self) -> tuple[Backend, aiohttp.ClientSession]:
         if self._closed:
             raise SandboxClosed("this Client is closed")
-        if self._backend is None:
-            self._backend = build_backend(self.config)
         if self._http is None:
             self._http = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=30),
                 cookie_jar=aiohttp.DummyCookieJar(),
                 auto_decompress=False,
             )
+        if self._backend is None:
+            self._backend = build_backend(self.config, session_id=self.session_id, http=self._http)
         return self._backend, self._http
 
     async def create(self, image: str = "local", **spec: Any) -> Sandbox:

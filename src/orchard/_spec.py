@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
 from .errors import ConfigError
 
 
-class SandboxSpec(msgspec.Struct, kw_only=True, frozen=True):
+class SandboxSpec(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
     """Everything a backend needs to start one sandbox.
 
     Each backend documents which fields it enforces; the ``local`` backend
@@ -34,6 +34,18 @@ class SandboxSpec(msgspec.Struct, kw_only=True, frozen=True):
     idle_timeout: float | None = 600.0
     #: Seconds to wait for the sandbox to become ready.
     start_timeout: float = 120.0
+    #: Extra annotations on the pod or container (kubernetes, docker).
+    annotations: dict[str, str] = {}
+    #: Node labels the pod must match (kubernetes).
+    node_selector: dict[str, str] = {}
+    #: Pod tolerations, as Kubernetes writes them (kubernetes).
+    tolerations: list[dict[str, Any]] = []
+    #: RuntimeClass for stronger isolation, e.g. "gvisor" or "kata" (kubernetes).
+    runtime_class: str | None = None
+    #: Names of Secrets to pull the image with (kubernetes).
+    image_pull_secrets: list[str] = []
+    #: "IfNotPresent", "Always" or "Never" (kubernetes, docker).
+    image_pull_policy: Literal["IfNotPresent", "Always", "Never"] = "IfNotPresent"
 
 
 def make_spec(image: str, options: dict[str, Any]) -> SandboxSpec:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+import aiohttp
 import msgspec
 
 from ..errors import ConfigError
@@ -23,8 +24,25 @@ class LocalConfig(msgspec.Struct, kw_only=True, frozen=True, tag="local"):
     isolation: Literal["auto", "bwrap", "none"] = "none"
 
 
-BackendConfig = LocalConfig
-BACKENDS = ("local",)
+class KubernetesConfig(msgspec.Struct, kw_only=True, frozen=True, tag="kubernetes"):
+    """A pod per sandbox on a Kubernetes cluster, exec straight to the pod IP."""
+
+    #: Namespace the sandbox pods go in.
+    namespace: str = "default"
+    #: Path of the kubeconfig (default: $KUBECONFIG or ~/.kube/config).
+    kubeconfig: str | None = None
+    #: Context in the kubeconfig (default: its current context).
+    context: str | None = None
+    #: Use the pod's service account instead of a kubeconfig (inside the cluster).
+    in_cluster: bool = False
+    #: The image built from Dockerfile.executor, run as the init container.
+    injector_image: str = "orchard-executor:latest"
+    #: Port the executor listens on inside the pod.
+    executor_port: int = 8750
+
+
+BackendConfig = LocalConfig | KubernetesConfig
+BACKENDS = ("local", "kubernetes")
 
 
 def make_config(backend: str | BackendConfig, options: dict[str, Any]) -> BackendConfig:
@@ -36,16 +54,30 @@ def make_config(backend: str | BackendConfig, options: dict[str, Any]) -> Backen
     if backend not in BACKENDS:
         raise ConfigError(f"backend={backend!r} is not one of {', '.join(BACKENDS)}")
     try:
-        return msgspec.convert({"type": backend, **options}, BackendConfig)
+        config: BackendConfig = msgspec.convert({"type": backend, **options}, BackendConfig)
     except msgspec.ValidationError as exc:
         raise ConfigError(f"invalid option for the {backend} backend: {exc}") from None
+    return config
 
 
-def build_backend(config: BackendConfig) -> Backend:
-    """Instantiate the backend a config names."""
+def build_backend(config: BackendConfig, *, session_id: str, http: aiohttp.ClientSession) -> Backend:
+    """Instantiate the backend a config names (importing only that backend)."""
+    if isinstance(config, KubernetesConfig):
+        from .kubernetes import KubernetesBackend
+
+        return KubernetesBackend(config, session_id=session_id, http=http)
     from .local import LocalBackend
 
     return LocalBackend(config)
 
 
-__all__ = ["BACKENDS", "Backend", "BackendConfig", "Instance", "LocalConfig", "build_backend", "make_config"]
+__all__ = [
+    "BACKENDS",
+    "Backend",
+    "BackendConfig",
+    "Instance",
+    "KubernetesConfig",
+    "LocalConfig",
+    "build_backend",
+    "make_config",
+]
