@@ -1,0 +1,346 @@
+"""The ``kubernetes`` backend: one pod per sandbox, one shared watch per client.
+
+The Kubernetes API is used for three things only: create a pod, delete it,
+and one label-selected watch over all of this client's pods, which resolves
+every sandbox's readiness and notices every loss (no per-pod polling). Exec
+and files go straight to the executor at the pod IP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import Any
+
+import aiohttp
+import msgspec
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_random_exponential
+
+from .._spec import SandboxSpec
+from ..errors import ConfigError, OrchardError, SandboxLost, SandboxStartError, SandboxTimeout
+from . import KubernetesConfig
+from .k8s_pod import SESSION_LABEL, Phase, Pod, PodList, WatchEvent, classify, pod_manifest
+
+log = logging.getLogger("orchard.kubernetes")
+
+#: Where the injected runtime is mounted in the sandbox container.
+BUNDLE_PATH = "/.orchard"
+_EVENT = msgspec.json.Decoder(WatchEvent)
+_POD = msgspec.json.Decoder(Pod)
+_POD_LIST = msgspec.json.Decoder(PodList)
+
+
+def _transient(exc: BaseException) -> bool:
+    """API failures worth retrying: throttling, server errors, broken connections."""
+    from kubernetes_asyncio.client.exceptions import ApiException
+
+    if isinstance(exc, ApiException):
+        return exc.status in (429, 500, 502, 503, 504)
+    return isinstance(exc, aiohttp.ClientConnectionError | asyncio.TimeoutError)
+
+
+def _api_retry() -> AsyncRetrying:
+    return AsyncRetrying(
+        retry=retry_if_exception(_transient),
+        wait=wait_random_exponential(multiplier=0.1, max=5.0),
+        stop=stop_after_attempt(6),
+        reraise=True,
+    )
+
+
+class _Tracked:
+    """A sandbox pod as the watch sees it."""
+
+    def __init__(self, name: str) -> None:
+        loop = asyncio.get_running_loop()
+        self.name = name
+        self.t0 = time.monotonic()
+        self.timings: dict[str, float] = {}
+        self.running: asyncio.Future[str] = loop.create_future()
+        self.failed: asyncio.Future[Phase] = loop.create_future()
+
+    def mark(self, phase: str) -> None:
+        self.timings.setdefault(phase, time.monotonic() - self.t0)
+
+    def update(self, phase: Phase) -> None:
+        if phase.scheduled:
+            self.mark("scheduled")
+        if phase.initialized:
+            self.mark("initialized")
+        if phase.state == "running" and phase.pod_ip and not self.running.done():
+            self.mark("running")
+            self.running.set_result(phase.pod_ip)
+        elif phase.state == "failed" and not self.failed.done():
+            self.failed.set_result(phase)
+
+
+class KubernetesInstance:
+    """A running sandbox pod."""
+
+    def __init__(self, backend: KubernetesBackend, tracked: _Tracked, base_url: str) -> None:
+        self._backend = backend
+        self._tracked = tracked
+        self.name = tracked.name
+        self.base_url = base_url
+        self.timings = tracked.timings
+        self._deleted = False
+
+    async def diagnose(self) -> OrchardError | None:
+        """What the watch saw happen to the pod, waiting briefly for it to arrive."""
+        if self._deleted:
+            return SandboxLost(f"sandbox {self.name} was deleted", sandbox_id=self.name, reason="Deleted")
+        with contextlib.suppress(TimeoutError):
+            phase = await asyncio.wait_for(asyncio.shield(self._tracked.failed), 3.0)
+            return SandboxLost(
+                f"sandbox {self.name}: {phase.reason}: {phase.message}", sandbox_id=self.name, reason=phase.reason
+            )
+        return None
+
+    async def delete(self) -> None:
+        """Delete the pod (grace period 0); safe to call twice."""
+        if self._deleted:
+            return
+        self._deleted = True
+        await self._backend.delete_pod(self.name)
+
+
+class KubernetesBackend:
+    """Pods on a Kubernetes cluster, created and watched through the API server."""
+
+    name = "kubernetes"
+
+    def __init__(self, config: KubernetesConfig, *, session_id: str, http: aiohttp.ClientSession) -> None:
+        self.config = config
+        self.session_id = session_id
+        self._http = http
+        self._api: Any = None
+        self._core: Any = None
+        self._tracked: dict[str, _Tracked] = {}
+        self._watch_task: asyncio.Task[None] | None = None
+        self._watch_ready: asyncio.Event | None = None
+        self._lock = asyncio.Lock()
+        #: API requests made, by verb (create, delete, list, watch).
+        self.api_requests: dict[str, int] = {"create": 0, "delete": 0, "list": 0, "watch": 0}
+
+    async def _connect(self) -> None:
+        async with self._lock:
+            if self._core is not None:
+                return
+            from kubernetes_asyncio import client, config
+
+            cfg = client.Configuration()
+            try:
+                if self.config.kubeconfig is None and self.config.in_cluster:
+                    config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
+                else:
+                    await config.load_kube_config(
+                        config_file=self.config.kubeconfig, context=self.config.context, client_configuration=cfg
+                    )
+            except Exception as exc:
+                raise ConfigError(
+                    f"cannot load Kubernetes credentials (kubeconfig={self.config.kubeconfig!r}, "
+                    f"context={self.config.context!r}): {exc}"
+                ) from exc
+            self._api = client.ApiClient(configuration=cfg)
+            self._core = client.CoreV1Api(self._api)
+            self._watch_ready = asyncio.Event()
+            self._watch_task = asyncio.create_task(self._watch(), name="orchard-pod-watch")
+
+    async def _call(self, verb: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        async for attempt in _api_retry():
+            with attempt:
+                self.api_requests[verb] += 1
+                return await fn(*args, _preload_content=False, **kwargs)
+        raise AssertionError("unreachable")
+
+    async def _watch(self) -> None:
+        """The one watch: every pod of this client session, for the client's lifetime."""
+        selector = f"{SESSION_LABEL}={self.session_id}"
+        resource_version: str | None = None
+        assert self._watch_ready is not None
+        while True:
+            try:
+                if resource_version is None:
+                    resp = await self._call(
+                        "list", self._core.list_namespaced_pod, self.config.namespace, label_selector=selector
+                    )
+                    listing = _POD_LIST.decode(await resp.read())
+                    resource_version = listing.metadata.resource_version
+                    for pod in listing.items:
+                        self._observe(pod)
+                resp = await self._call(
+                    "watch",
+                    self._core.list_namespaced_pod,
+                    self.config.namespace,
+                    label_selector=selector,
+                    watch=True,
+                    resource_version=resource_version,
+                    allow_watch_bookmarks=True,
+                    timeout_seconds=300,
+                )
+                self._watch_ready.set()
+                async with resp:
+                    async for line in resp.content:
+                        event = _EVENT.decode(line)
+                        if event.type == "ERROR":
+                            # Usually 410 Gone: our resource version is too old. List again.
+                            resource_version = None
+                            break
+                        pod = _POD.decode(event.object)
+                        resource_version = pod.metadata.resource_version or resource_version
+                        if event.type == "DELETED":
+                            self._gone(pod)
+                        elif event.type != "BOOKMARK":
+                            self._observe(pod)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # keep watching whatever happens; the next loop relists if needed
+                log.warning("pod watch interrupted (%r); reconnecting", exc)
+                await asyncio.sleep(0.5)
+
+    def _observe(self, pod: Pod) -> None:
+        tracked = self._tracked.get(pod.metadata.name)
+        if tracked is not None:
+            tracked.update(classify(pod))
+
+    def _gone(self, pod: Pod) -> None:
+        tracked = self._tracked.get(pod.metadata.name)
+        if tracked is not None:
+            tracked.update(Phase("failed", "Deleted", "the pod was deleted"))
+
+    async def start(self, spec: SandboxSpec, *, sandbox_id: str, token_sha256: str) -> KubernetesInstance:
+        """Create the pod and return when its executor answers at the pod IP."""
+        await self._connect()
+        assert self._watch_ready is not None
+        await self._watch_ready.wait()
+        manifest = pod_manifest(
+            spec,
+            name=sandbox_id,
+            namespace=self.config.namespace,
+            session_id=self.session_id,
+            token_sha256=token_sha256,
+            injector_image=self.config.injector_image,
+            launcher=launcher(),
+            install=install(),
+            bundle_path=BUNDLE_PATH,
+            port=self.config.executor_port,
+            created_at=time.time(),
+        )
+        tracked = _Tracked(sandbox_id)
+        self._tracked[sandbox_id] = tracked
+        try:
+            await self._create(manifest)
+            tracked.mark("created")
+            ip = await self._wait_running(tracked, spec.start_timeout)
+            base_url = f"http://{ip}:{self.config.executor_port}"
+            await self._wait_executor(tracked, base_url, spec.start_timeout)
+        except BaseException:
+            await asyncio.shield(self.delete_pod(sandbox_id))
+            raise
+        return KubernetesInstance(self, tracked, base_url)
+
+    async def _create(self, manifest: dict[str, Any]) -> None:
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        name = manifest["metadata"]["name"]
+        try:
+            resp = await self._call("create", self._core.create_namespaced_pod, self.config.namespace, manifest)
+            resp.release()
+        except ApiException as exc:
+            if exc.status == 409:  # a retried create that had gone through
+                return
+            raise SandboxStartError(
+                f"sandbox {name}: the API server refused the pod: {exc.status} {exc.reason}: {exc.body!s:.500}",
+                sandbox_id=name,
+                reason=f"HTTP{exc.status}",
+            ) from exc
+
+    async def _wait_running(self, tracked: _Tracked, timeout: float) -> str:
+        waiters: list[asyncio.Future[Any]] = [tracked.running, tracked.failed]
+        done, _ = await asyncio.wait(
+            waiters,
+            timeout=max(0.0, timeout - (time.monotonic() - tracked.t0)),
+            return_when=asyncio.FIRST_COMPLETED,
+        )
+        if tracked.failed in done and not tracked.running.done():
+            phase = tracked.failed.result()
+            raise SandboxStartError(
+                f"sandbox {tracked.name} failed to start: {phase.reason}: {phase.message}",
+                sandbox_id=tracked.name,
+                reason=phase.reason,
+            )
+        if not done:
+            stage = "scheduled" if "scheduled" not in tracked.timings else "running"
+            raise SandboxTimeout(
+                f"sandbox {tracked.name} was not {stage} within start_timeout={timeout:g}s", sandbox_id=tracked.name
+            )
+        return tracked.running.result()
+
+    async def _wait_executor(self, tracked: _Tracked, base_url: str, timeout: float) -> None:
+        """Poll the executor's /healthz at the pod IP (milliseconds, no API server)."""
+        deadline = tracked.t0 + timeout
+        while True:
+            if tracked.failed.done():
+                phase = tracked.failed.result()
+                raise SandboxStartError(
+                    f"sandbox {tracked.name} failed to start: {phase.reason}: {phase.message}",
+                    sandbox_id=tracked.name,
+                    reason=phase.reason,
+                )
+            with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):
+                async with self._http.get(f"{base_url}/healthz", timeout=aiohttp.ClientTimeout(total=1.0)) as resp:
+                    if resp.status == 200:
+                        tracked.mark("executor_ready")
+                        return
+            if time.monotonic() > deadline:
+                raise SandboxTimeout(
+                    f"sandbox {tracked.name}: the executor at {base_url} did not answer within "
+                    f"start_timeout={timeout:g}s (is the pod network reachable from here?)",
+                    sandbox_id=tracked.name,
+                )
+            await asyncio.sleep(0.01)
+
+    async def delete_pod(self, name: str) -> None:
+        """Delete a pod now; a pod already gone is fine."""
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        self._tracked.pop(name, None)
+        if self._core is None:
+            return
+        try:
+            resp = await self._call(
+                "delete", self._core.delete_namespaced_pod, name, self.config.namespace, grace_period_seconds=0
+            )
+            resp.release()
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+    async def aclose(self) -> None:
+        """Stop the watch and close the API client."""
+        if self._watch_task is not None:
+            self._watch_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watch_task
+        if self._api is not None:
+            await self._api.close()
+
+
+def launcher() -> list[str]:
+    """The sandbox container's command: the bundled loader runs the bundled Python."""
+    return [
+        f"{BUNDLE_PATH}/lib/ld-linux-x86-64.so.2",
+        "--library-path",
+        f"{BUNDLE_PATH}/lib",
+        f"{BUNDLE_PATH}/bin/python3",
+        "-I",
+        "-S",
+        f"{BUNDLE_PATH}/launch.py",
+    ]
+
+
+def install() -> list[str]:
+    """The init container's command: copy the runtime into the shared volume."""
+    return ["/orchard/install", BUNDLE_PATH]
