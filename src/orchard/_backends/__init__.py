@@ -39,6 +39,9 @@ class KubernetesConfig(msgspec.Struct, kw_only=True, frozen=True, tag="kubernete
     injector_image: str = "orchard-executor:latest"
     #: Port the executor listens on inside the pod.
     executor_port: int = 8750
+    #: "direct" to the pod IP, "port-forward" through the API server (for clients
+    #: outside the cluster network), or "auto": direct if the pod IP answers.
+    transport: Literal["auto", "direct", "port-forward"] = "auto"
 
 
 BackendConfig = LocalConfig | KubernetesConfig

@@ -22,6 +22,7 @@ from .._spec import SandboxSpec
 from ..errors import ConfigError, OrchardError, SandboxLost, SandboxStartError, SandboxTimeout
 from . import KubernetesConfig
 from .k8s_pod import SESSION_LABEL, Phase, Pod, PodList, WatchEvent, classify, pod_manifest
+from .k8s_portforward import PortForward
 
 log = logging.getLogger("orchard.kubernetes")
 
@@ -79,9 +80,12 @@ class _Tracked:
 class KubernetesInstance:
     """A running sandbox pod."""
 
-    def __init__(self, backend: KubernetesBackend, tracked: _Tracked, base_url: str) -> None:
+    def __init__(
+        self, backend: KubernetesBackend, tracked: _Tracked, base_url: str, forward: PortForward | None
+    ) -> None:
         self._backend = backend
         self._tracked = tracked
+        self._forward = forward
         self.name = tracked.name
         self.base_url = base_url
         self.timings = tracked.timings
@@ -103,6 +107,8 @@ class KubernetesInstance:
         if self._deleted:
             return
         self._deleted = True
+        if self._forward is not None:
+            await self._forward.close()
         await self._backend.delete_pod(self.name)
 
 
@@ -117,6 +123,9 @@ class KubernetesBackend:
         self._http = http
         self._api: Any = None
         self._core: Any = None
+        self._ws_core: Any = None
+        #: "direct" or "port-forward" once decided ("auto" decides on the first sandbox).
+        self.transport: str = config.transport
         self._tracked: dict[str, _Tracked] = {}
         self._watch_task: asyncio.Task[None] | None = None
         self._watch_ready: asyncio.Event | None = None
@@ -143,8 +152,12 @@ class KubernetesBackend:
                     f"cannot load Kubernetes credentials (kubeconfig={self.config.kubeconfig!r}, "
                     f"context={self.config.context!r}): {exc}"
                 ) from exc
+            from kubernetes_asyncio.stream import WsApiClient
+
             self._api = client.ApiClient(configuration=cfg)
             self._core = client.CoreV1Api(self._api)
+            self._ws_api = WsApiClient(configuration=cfg)
+            self._ws_core = client.CoreV1Api(self._ws_api)
             self._watch_ready = asyncio.Event()
             self._watch_task = asyncio.create_task(self._watch(), name="orchard-pod-watch")
 
@@ -230,16 +243,44 @@ class KubernetesBackend:
         )
         tracked = _Tracked(sandbox_id)
         self._tracked[sandbox_id] = tracked
+        forward: PortForward | None = None
         try:
             await self._create(manifest)
             tracked.mark("created")
             ip = await self._wait_running(tracked, spec.start_timeout)
             base_url = f"http://{ip}:{self.config.executor_port}"
+            if self.transport == "auto":
+                # Pod IPs answer from inside the cluster network; from elsewhere, tunnel.
+                if await self._answers(base_url, min(3.0, spec.start_timeout)):
+                    self.transport = "direct"
+                else:
+                    self.transport = "port-forward"
+                    log.info("pod IPs are not reachable from here: using port-forward through the API server")
+            if self.transport == "port-forward":
+                forward = PortForward(self._ws_core, self.config.namespace, sandbox_id, self.config.executor_port)
+                base_url = await forward.start()
             await self._wait_executor(tracked, base_url, spec.start_timeout)
         except BaseException:
+            if forward is not None:
+                await forward.close()
             await asyncio.shield(self.delete_pod(sandbox_id))
             raise
-        return KubernetesInstance(self, tracked, base_url)
+        return KubernetesInstance(self, tracked, base_url, forward)
+
+    async def _answers(self, base_url: str, within: float) -> bool:
+        """Whether the pod IP is routable from here (refused counts: the executor is still starting)."""
+        deadline = time.monotonic() + within
+        while time.monotonic() < deadline:
+            try:
+                async with self._http.get(f"{base_url}/healthz", timeout=aiohttp.ClientTimeout(total=0.5)) as resp:
+                    return resp.status == 200
+            except aiohttp.ClientConnectorError as exc:
+                if isinstance(exc.os_error, ConnectionRefusedError):
+                    return True
+            except (TimeoutError, aiohttp.ClientError):
+                pass
+            await asyncio.sleep(0.05)
+        return False
 
     async def _create(self, manifest: dict[str, Any]) -> None:
         from kubernetes_asyncio.client.exceptions import ApiException
@@ -326,6 +367,7 @@ class KubernetesBackend:
                 await self._watch_task
         if self._api is not None:
             await self._api.close()
+            await self._ws_api.close()
 
 
 def launcher() -> list[str]:
