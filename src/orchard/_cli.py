@@ -20,7 +20,39 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("-n", "--sandboxes", type=int, default=32, help="how many sandboxes (default 32)")
     demo.add_argument("--backend", default="local", help="backend to run on (default: local)")
     demo.add_argument("--image", default="local", help="task image (ignored by the local backend)")
+    for name, text in (
+        ("ls", "list sandboxes on a cluster backend, with what gc would do to each"),
+        ("gc", "delete finished, expired and orphaned sandboxes (by label; no server needed)"),
+    ):
+        sub = commands.add_parser(name, help=text)
+        sub.add_argument("--backend", default="kubernetes", choices=["kubernetes"])
+        sub.add_argument("-n", "--namespace", default="default")
+        sub.add_argument("--kubeconfig", default=None)
+        sub.add_argument("--context", default=None)
+        if name == "gc":
+            sub.add_argument("--dry-run", action="store_true", help="only say what would be deleted")
     return parser
+
+
+def _cluster(args: argparse.Namespace) -> int:
+    from ._backends import KubernetesConfig
+    from ._backends.kubernetes import collect_garbage, list_sandboxes
+
+    config = KubernetesConfig(namespace=args.namespace, kubeconfig=args.kubeconfig, context=args.context)
+    if args.command == "ls":
+        rows = asyncio.run(list_sandboxes(config))
+        columns = ("name", "session", "phase", "image", "created", "gc")
+        widths = {c: max([len(c)] + [len(r[c]) for r in rows]) for c in columns}
+        print("  ".join(c.upper().ljust(widths[c]) for c in columns))
+        for row in rows:
+            print("  ".join(row[c].ljust(widths[c]) for c in columns))
+        return 0
+    deleted = asyncio.run(collect_garbage(config, dry_run=args.dry_run))
+    verb = "would delete" if args.dry_run else "deleted"
+    for name, why in deleted:
+        print(f"{verb} {name} ({why})")
+    print(f"{verb} {len(deleted)} object(s)")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -38,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
             print("\norchard demo: interrupted; every sandbox was deleted", file=sys.stderr)
             return 130
         return 0 if rec.failed == 0 else 1
-    return 2
+    return _cluster(args)
 
 
 if __name__ == "__main__":

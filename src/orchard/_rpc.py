@@ -22,6 +22,22 @@ _STREAM_EVENT = msgspec.msgpack.Decoder(StreamEvent)
 _NO_READ_TIMEOUT = aiohttp.ClientTimeout(total=None, connect=30.0, sock_read=None)
 
 
+class _Source:
+    """A streamed request body that remembers the exception it raised."""
+
+    def __init__(self, chunks: AsyncIterable[bytes]) -> None:
+        self._chunks = chunks
+        self.error: Exception | None = None
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in self._chunks:
+                yield chunk
+        except Exception as exc:
+            self.error = exc
+            raise
+
+
 class ExecutorClient:
     """Typed calls to one sandbox's executor, with retries and error mapping."""
 
@@ -110,15 +126,27 @@ class ExecutorClient:
         timeout: float | None = None,
     ) -> T:
         """A request with a raw (possibly streamed) body; retried only if it is bytes."""
+        source = None if body is None or isinstance(body, bytes) else _Source(body)
 
         async def once() -> T:
             headers = self._headers | {"Content-Type": content_type}
-            async with self._session.request(
-                method, self._base + path, data=body, params=params, headers=headers, timeout=self._timeout(timeout)
-            ) as resp:
-                if resp.status >= 400:
-                    await self._raise_for(resp)
-                return decode(await resp.read(), result)
+            try:
+                async with self._session.request(
+                    method,
+                    self._base + path,
+                    data=body if source is None else source,
+                    params=params,
+                    headers=headers,
+                    timeout=self._timeout(timeout),
+                ) as resp:
+                    if resp.status >= 400:
+                        await self._raise_for(resp)
+                    return decode(await resp.read(), result)
+            except _retry.TRANSIENT:
+                # aiohttp reports a failing body as a broken connection; the sandbox is fine.
+                if source is not None and source.error is not None:
+                    raise source.error from None
+                raise
 
         return await self._run(once, isinstance(body, bytes))
 

@@ -8,6 +8,7 @@ an IP, or failed with a reason.
 
 from __future__ import annotations
 
+import datetime
 from typing import Any
 
 import msgspec
@@ -124,6 +125,43 @@ class PodList(msgspec.Struct):
     items: list[Pod]
 
 
+class _LeaseSpec(msgspec.Struct, rename="camel", frozen=True):
+    renew_time: str | None = None
+    lease_duration_seconds: int = 0
+
+
+class Lease(msgspec.Struct, frozen=True):
+    """A client session's Lease, as much of it as gc reads."""
+
+    metadata: _Meta = _Meta()
+    spec: _LeaseSpec = _LeaseSpec()
+
+    def alive(self, now: float) -> bool:
+        """Whether the session renewed it recently enough."""
+        if not self.spec.renew_time:
+            return False
+        renewed = datetime.datetime.fromisoformat(self.spec.renew_time).timestamp()
+        return renewed + self.spec.lease_duration_seconds >= now
+
+
+class LeaseList(msgspec.Struct):
+    """A LIST of Leases."""
+
+    items: list[Lease]
+
+
+def garbage_reason(pod: Pod, now: float, live_sessions: set[str]) -> str | None:
+    """Why ``orchard gc`` should delete this sandbox pod, or None to keep it."""
+    if pod.status.phase in ("Succeeded", "Failed"):
+        return "finished"
+    expires = pod.metadata.annotations.get(EXPIRES_ANNOTATION)
+    if expires is not None and float(expires) < now:
+        return "expired"
+    if pod.metadata.labels.get(SESSION_LABEL) not in live_sessions:
+        return "orphaned"
+    return None
+
+
 # -- Reading a pod's state --
 
 
@@ -206,6 +244,7 @@ def pod_manifest(
     bundle_path: str,
     port: int,
     created_at: float,
+    owner: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """The Pod for one sandbox.
 
@@ -213,6 +252,8 @@ def pod_manifest(
     into an emptyDir (``install``); the task image's command is replaced by
     ``launcher``, which needs nothing from the image. The pod carries only
     the token's SHA-256, never the token, and no service-account token.
+    ``owner`` (the client session's Lease) makes Kubernetes delete the pod
+    when the session's Lease goes.
     """
     labels = {**spec.labels, MANAGED_BY: "orchard", SANDBOX_LABEL: name, SESSION_LABEL: session_id}
     annotations = {**spec.annotations, IMAGE_ANNOTATION: spec.image}
@@ -273,9 +314,21 @@ def pod_manifest(
         pod_spec["runtimeClassName"] = spec.runtime_class
     if spec.image_pull_secrets:
         pod_spec["imagePullSecrets"] = [{"name": s} for s in spec.image_pull_secrets]
+    metadata: dict[str, Any] = {"name": name, "namespace": namespace, "labels": labels, "annotations": annotations}
+    if owner is not None:
+        metadata["ownerReferences"] = [{**owner, "blockOwnerDeletion": False}]
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
+
+
+def lease_manifest(*, session_id: str, namespace: str, duration: int, now: str) -> dict[str, Any]:
+    """The Lease a client session holds while alive; its sandbox pods are owned by it."""
     return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": namespace, "labels": labels, "annotations": annotations},
-        "spec": pod_spec,
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {
+            "name": f"orchard-session-{session_id}",
+            "namespace": namespace,
+            "labels": {MANAGED_BY: "orchard", SESSION_LABEL: session_id},
+        },
+        "spec": {"holderIdentity": session_id, "leaseDurationSeconds": duration, "acquireTime": now, "renewTime": now},
     }

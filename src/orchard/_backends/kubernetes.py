@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import logging
 import time
 from typing import Any
@@ -21,16 +22,36 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait
 from .._spec import SandboxSpec
 from ..errors import ConfigError, OrchardError, SandboxLost, SandboxStartError, SandboxTimeout
 from . import KubernetesConfig
-from .k8s_pod import SESSION_LABEL, Phase, Pod, PodList, WatchEvent, classify, pod_manifest
+from .k8s_pod import (
+    IMAGE_ANNOTATION,
+    MANAGED_BY,
+    SESSION_LABEL,
+    Lease,
+    LeaseList,
+    Phase,
+    Pod,
+    PodList,
+    WatchEvent,
+    classify,
+    garbage_reason,
+    lease_manifest,
+    pod_manifest,
+)
 from .k8s_portforward import PortForward
 
 log = logging.getLogger("orchard.kubernetes")
 
+#: A client session's Lease expires this long after its last renewal.
+LEASE_SECONDS = 60
 #: Where the injected runtime is mounted in the sandbox container.
 BUNDLE_PATH = "/.orchard"
 _EVENT = msgspec.json.Decoder(WatchEvent)
 _POD = msgspec.json.Decoder(Pod)
 _POD_LIST = msgspec.json.Decoder(PodList)
+
+
+def _micro_time() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def _transient(exc: BaseException) -> bool:
@@ -128,38 +149,80 @@ class KubernetesBackend:
         self.transport: str = config.transport
         self._tracked: dict[str, _Tracked] = {}
         self._watch_task: asyncio.Task[None] | None = None
+        self._renew_task: asyncio.Task[None] | None = None
+        self._coord: Any = None
+        self._owner: dict[str, str] | None = None
         self._watch_ready: asyncio.Event | None = None
         self._lock = asyncio.Lock()
         #: API requests made, by verb (create, delete, list, watch).
-        self.api_requests: dict[str, int] = {"create": 0, "delete": 0, "list": 0, "watch": 0}
+        self.api_requests: dict[str, int] = {"create": 0, "delete": 0, "list": 0, "watch": 0, "lease": 0}
+
+    async def _load(self) -> None:
+        """Load credentials and build the API clients."""
+        from kubernetes_asyncio import client, config
+        from kubernetes_asyncio.stream import WsApiClient
+
+        cfg = client.Configuration()
+        try:
+            if self.config.kubeconfig is None and self.config.in_cluster:
+                config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
+            else:
+                await config.load_kube_config(
+                    config_file=self.config.kubeconfig, context=self.config.context, client_configuration=cfg
+                )
+        except Exception as exc:
+            raise ConfigError(
+                f"cannot load Kubernetes credentials (kubeconfig={self.config.kubeconfig!r}, "
+                f"context={self.config.context!r}): {exc}"
+            ) from exc
+        self._api = client.ApiClient(configuration=cfg)
+        self._core = client.CoreV1Api(self._api)
+        self._coord = client.CoordinationV1Api(self._api)
+        self._ws_api = WsApiClient(configuration=cfg)
+        self._ws_core = client.CoreV1Api(self._ws_api)
 
     async def _connect(self) -> None:
         async with self._lock:
             if self._core is not None:
                 return
-            from kubernetes_asyncio import client, config
-
-            cfg = client.Configuration()
-            try:
-                if self.config.kubeconfig is None and self.config.in_cluster:
-                    config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
-                else:
-                    await config.load_kube_config(
-                        config_file=self.config.kubeconfig, context=self.config.context, client_configuration=cfg
-                    )
-            except Exception as exc:
-                raise ConfigError(
-                    f"cannot load Kubernetes credentials (kubeconfig={self.config.kubeconfig!r}, "
-                    f"context={self.config.context!r}): {exc}"
-                ) from exc
-            from kubernetes_asyncio.stream import WsApiClient
-
-            self._api = client.ApiClient(configuration=cfg)
-            self._core = client.CoreV1Api(self._api)
-            self._ws_api = WsApiClient(configuration=cfg)
-            self._ws_core = client.CoreV1Api(self._ws_api)
+            await self._load()
+            await self._take_lease()
             self._watch_ready = asyncio.Event()
             self._watch_task = asyncio.create_task(self._watch(), name="orchard-pod-watch")
+            self._renew_task = asyncio.create_task(self._renew(), name="orchard-lease-renew")
+
+    async def _take_lease(self) -> None:
+        """Create this session's Lease: it owns the session's pods and shows the client is alive."""
+        body = lease_manifest(
+            session_id=self.session_id, namespace=self.config.namespace, duration=LEASE_SECONDS, now=_micro_time()
+        )
+        resp = await self._call("lease", self._coord.create_namespaced_lease, self.config.namespace, body)
+        lease = msgspec.json.decode(await resp.read())
+        meta = lease["metadata"]
+        self._owner = {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "name": meta["name"],
+            "uid": meta["uid"],
+        }
+
+    async def _renew(self) -> None:
+        assert self._owner is not None
+        while True:
+            await asyncio.sleep(LEASE_SECONDS / 3)
+            try:
+                resp = await self._call(
+                    "lease",
+                    self._coord.patch_namespaced_lease,
+                    self._owner["name"],
+                    self.config.namespace,
+                    {"spec": {"renewTime": _micro_time()}},
+                )
+                resp.release()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("renewing the session lease failed: %r", exc)
 
     async def _call(self, verb: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
         async for attempt in _api_retry():
@@ -240,6 +303,7 @@ class KubernetesBackend:
             bundle_path=BUNDLE_PATH,
             port=self.config.executor_port,
             created_at=time.time(),
+            owner=self._owner,
         )
         tracked = _Tracked(sandbox_id)
         self._tracked[sandbox_id] = tracked
@@ -360,14 +424,26 @@ class KubernetesBackend:
                 raise
 
     async def aclose(self) -> None:
-        """Stop the watch and close the API client."""
-        if self._watch_task is not None:
-            self._watch_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._watch_task
+        """Stop the watch, give up the session's Lease, close the API clients."""
+        for task in (self._watch_task, self._renew_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        if self._owner is not None:
+            # Deleting the Lease lets Kubernetes collect any pod of ours still standing.
+            with contextlib.suppress(Exception):
+                resp = await self._call(
+                    "lease", self._coord.delete_namespaced_lease, self._owner["name"], self.config.namespace
+                )
+                resp.release()
+        await self._close_api()
+
+    async def _close_api(self) -> None:
         if self._api is not None:
             await self._api.close()
             await self._ws_api.close()
+            self._api = None
 
 
 def launcher() -> list[str]:
@@ -386,3 +462,75 @@ def launcher() -> list[str]:
 def install() -> list[str]:
     """The init container's command: copy the runtime into the shared volume."""
     return ["/orchard/install", BUNDLE_PATH]
+
+
+class _Inventory:
+    """Every Orchard pod and session Lease in a namespace."""
+
+    def __init__(self, pods: list[Pod], leases: list[Lease]) -> None:
+        self.pods = pods
+        self.leases = leases
+
+
+async def _inventory(config: KubernetesConfig) -> tuple[Any, _Inventory]:
+    backend = KubernetesBackend(config, session_id="gc", http=None)  # type: ignore[arg-type]
+    await backend._load()
+    selector = f"{MANAGED_BY}=orchard"
+    pods = _POD_LIST.decode(
+        await (
+            await backend._call("list", backend._core.list_namespaced_pod, config.namespace, label_selector=selector)
+        ).read()
+    ).items
+    leases = msgspec.json.decode(
+        await (
+            await backend._call(
+                "lease", backend._coord.list_namespaced_lease, config.namespace, label_selector=selector
+            )
+        ).read(),
+        type=LeaseList,
+    ).items
+    return backend, _Inventory(pods, leases)
+
+
+async def list_sandboxes(config: KubernetesConfig) -> list[dict[str, str]]:
+    """One row per Orchard pod in the namespace: name, session, phase, image, gc verdict."""
+    backend, inv = await _inventory(config)
+    try:
+        now = time.time()
+        live = {lease.metadata.labels.get(SESSION_LABEL, "") for lease in inv.leases if lease.alive(now)}
+        return [
+            {
+                "name": pod.metadata.name,
+                "session": pod.metadata.labels.get(SESSION_LABEL, ""),
+                "phase": pod.status.phase,
+                "image": pod.metadata.annotations.get(IMAGE_ANNOTATION, ""),
+                "created": pod.metadata.creation_timestamp or "",
+                "gc": garbage_reason(pod, now, live) or "",
+            }
+            for pod in inv.pods
+        ]
+    finally:
+        await backend._close_api()
+
+
+async def collect_garbage(config: KubernetesConfig, *, dry_run: bool = False) -> list[tuple[str, str]]:
+    """Delete finished, expired and orphaned sandbox pods and dead sessions' Leases.
+
+    Returns (name, reason) for everything deleted (or that would be, with ``dry_run``).
+    """
+    backend, inv = await _inventory(config)
+    try:
+        now = time.time()
+        live = {lease.metadata.labels.get(SESSION_LABEL, "") for lease in inv.leases if lease.alive(now)}
+        doomed = [(pod.metadata.name, why) for pod in inv.pods if (why := garbage_reason(pod, now, live))]
+        dead = [(lease.metadata.name, "session lease expired") for lease in inv.leases if not lease.alive(now)]
+        if not dry_run:
+            for name, _ in doomed:
+                await backend.delete_pod(name)
+            for name, _ in dead:
+                with contextlib.suppress(Exception):
+                    resp = await backend._call("lease", backend._coord.delete_namespaced_lease, name, config.namespace)
+                    resp.release()
+        return doomed + dead
+    finally:
+        await backend._close_api()
