@@ -31,7 +31,36 @@ def _parser() -> argparse.ArgumentParser:
         sub.add_argument("--context", default=None)
         if name == "gc":
             sub.add_argument("--dry-run", action="store_true", help="only say what would be deleted")
+    k8s = commands.add_parser("k8s", help="one-time Kubernetes setup")
+    k8s_commands = k8s.add_subparsers(dest="k8s_command", required=True)
+    setup = k8s_commands.add_parser(
+        "setup", help="write the client RBAC Role and the sandbox NetworkPolicies (egress off by default)"
+    )
+    setup.add_argument("-n", "--namespace", default="default")
+    setup.add_argument("--kubeconfig", default=None)
+    setup.add_argument("--context", default=None)
+    setup.add_argument("--service-account", default=None, help="also bind the Role to this service account")
+    setup.add_argument("--port", type=int, default=8750, help="the executor port sandboxes accept traffic on")
+    setup.add_argument("--dry-run", action="store_true", help="print the objects as JSON instead of writing them")
     return parser
+
+
+def _k8s_setup(args: argparse.Namespace) -> int:
+    import json
+
+    from ._backends import KubernetesConfig
+    from ._backends.kubernetes import setup
+
+    config = KubernetesConfig(
+        namespace=args.namespace, kubeconfig=args.kubeconfig, context=args.context, executor_port=args.port
+    )
+    objects = asyncio.run(setup(config, service_account=args.service_account, dry_run=args.dry_run))
+    if args.dry_run:
+        print(json.dumps(objects, indent=2))
+    else:
+        for obj in objects:
+            print(f"{obj['kind']}/{obj['metadata']['name']} written in {args.namespace}")
+    return 0
 
 
 def _cluster(args: argparse.Namespace) -> int:
@@ -70,6 +99,8 @@ def main(argv: list[str] | None = None) -> int:
             print("\norchard demo: interrupted; every sandbox was deleted", file=sys.stderr)
             return 130
         return 0 if rec.failed == 0 else 1
+    if args.command == "k8s":
+        return _k8s_setup(args)
     return _cluster(args)
 
 

@@ -44,6 +44,10 @@ class SandboxSpec(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fiel
     runtime_class: str | None = None
     #: Names of Secrets to pull the image with (kubernetes).
     image_pull_secrets: list[str] = []
+    #: Outbound network access. On kubernetes, the NetworkPolicies written by
+    #: ``orchard k8s setup`` deny egress unless this is True; the local backend
+    #: cannot enforce it.
+    network: bool = False
     #: "IfNotPresent", "Always" or "Never" (kubernetes, docker).
     image_pull_policy: Literal["IfNotPresent", "Always", "Never"] = "IfNotPresent"
 

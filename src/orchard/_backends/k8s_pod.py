@@ -20,6 +20,7 @@ SANDBOX_LABEL = "orchard.dev/sandbox"
 SESSION_LABEL = "orchard.dev/session"
 IMAGE_ANNOTATION = "orchard.dev/image"
 EXPIRES_ANNOTATION = "orchard.dev/expires-at"
+NETWORK_LABEL = "orchard.dev/network"
 CONTAINER = "sandbox"
 INIT_CONTAINER = "orchard-inject"
 BUNDLE_VOLUME = "orchard-runtime"
@@ -255,7 +256,13 @@ def pod_manifest(
     ``owner`` (the client session's Lease) makes Kubernetes delete the pod
     when the session's Lease goes.
     """
-    labels = {**spec.labels, MANAGED_BY: "orchard", SANDBOX_LABEL: name, SESSION_LABEL: session_id}
+    labels = {
+        **spec.labels,
+        MANAGED_BY: "orchard",
+        SANDBOX_LABEL: name,
+        SESSION_LABEL: session_id,
+        NETWORK_LABEL: "on" if spec.network else "off",
+    }
     annotations = {**spec.annotations, IMAGE_ANNOTATION: spec.image}
     if spec.ttl is not None:
         annotations[EXPIRES_ANNOTATION] = f"{created_at + spec.ttl:.0f}"
@@ -332,3 +339,67 @@ def lease_manifest(*, session_id: str, namespace: str, duration: int, now: str) 
         },
         "spec": {"holderIdentity": session_id, "leaseDurationSeconds": duration, "acquireTime": now, "renewTime": now},
     }
+
+
+# -- One-time cluster setup: the client's Role and the sandbox NetworkPolicies --
+
+
+def client_role(namespace: str) -> dict[str, Any]:
+    """The RBAC Role an Orchard client needs in its namespace, and nothing more."""
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": {"name": "orchard-client", "namespace": namespace, "labels": {MANAGED_BY: "orchard"}},
+        "rules": [
+            {"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "delete", "get", "list", "watch"]},
+            {"apiGroups": [""], "resources": ["pods/portforward"], "verbs": ["create", "get"]},
+            {
+                "apiGroups": ["coordination.k8s.io"],
+                "resources": ["leases"],
+                "verbs": ["create", "delete", "get", "list", "patch"],
+            },
+        ],
+    }
+
+
+def role_binding(namespace: str, *, service_account: str) -> dict[str, Any]:
+    """Bind the client Role to a service account (a training job's)."""
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": {
+            "name": f"orchard-client-{service_account}",
+            "namespace": namespace,
+            "labels": {MANAGED_BY: "orchard"},
+        },
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "orchard-client"},
+        "subjects": [{"kind": "ServiceAccount", "name": service_account, "namespace": namespace}],
+    }
+
+
+def network_policies(namespace: str, *, port: int) -> list[dict[str, Any]]:
+    """Sandboxes: ingress only to the executor port; egress only for ``network=True`` sandboxes."""
+    meta = {"namespace": namespace, "labels": {MANAGED_BY: "orchard"}}
+    return [
+        {
+            "apiVersion": "networking.k8s.io/v1",
+            "kind": "NetworkPolicy",
+            "metadata": {"name": "orchard-sandboxes", **meta},
+            "spec": {
+                "podSelector": {"matchLabels": {MANAGED_BY: "orchard"}},
+                "policyTypes": ["Ingress", "Egress"],
+                "ingress": [{"ports": [{"protocol": "TCP", "port": port}]}],
+                "egress": [],
+            },
+        },
+        {
+            "apiVersion": "networking.k8s.io/v1",
+            "kind": "NetworkPolicy",
+            "metadata": {"name": "orchard-sandbox-egress", **meta},
+            "spec": {
+                "podSelector": {"matchLabels": {MANAGED_BY: "orchard", NETWORK_LABEL: "on"}},
+                "policyTypes": ["Egress"],
+                "egress": [{}],
+            },
+        },
+    ]

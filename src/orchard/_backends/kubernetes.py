@@ -33,9 +33,12 @@ from .k8s_pod import (
     PodList,
     WatchEvent,
     classify,
+    client_role,
     garbage_reason,
     lease_manifest,
+    network_policies,
     pod_manifest,
+    role_binding,
 )
 from .k8s_portforward import PortForward
 
@@ -534,3 +537,39 @@ async def collect_garbage(config: KubernetesConfig, *, dry_run: bool = False) ->
         return doomed + dead
     finally:
         await backend._close_api()
+
+
+async def setup(
+    config: KubernetesConfig, *, service_account: str | None = None, dry_run: bool = False
+) -> list[dict[str, Any]]:
+    """Write (create or replace) the client Role, an optional RoleBinding, and the NetworkPolicies."""
+    from kubernetes_asyncio.client.exceptions import ApiException
+
+    objects = [client_role(config.namespace), *network_policies(config.namespace, port=config.executor_port)]
+    if service_account:
+        objects.insert(1, role_binding(config.namespace, service_account=service_account))
+    if dry_run:
+        return objects
+    from kubernetes_asyncio import client
+
+    backend = KubernetesBackend(config, session_id="setup", http=None)  # type: ignore[arg-type]
+    await backend._load()
+    rbac = client.RbacAuthorizationV1Api(backend._api)
+    net = client.NetworkingV1Api(backend._api)
+    ops: dict[str, tuple[Any, Any]] = {
+        "Role": (rbac.create_namespaced_role, rbac.replace_namespaced_role),
+        "RoleBinding": (rbac.create_namespaced_role_binding, rbac.replace_namespaced_role_binding),
+        "NetworkPolicy": (net.create_namespaced_network_policy, net.replace_namespaced_network_policy),
+    }
+    try:
+        for obj in objects:
+            create, replace = ops[obj["kind"]]
+            try:
+                await create(config.namespace, obj)
+            except ApiException as exc:
+                if exc.status != 409:
+                    raise
+                await replace(obj["metadata"]["name"], config.namespace, obj)
+    finally:
+        await backend._close_api()
+    return objects
