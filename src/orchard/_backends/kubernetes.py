@@ -21,7 +21,7 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait
 
 from .._spec import SandboxSpec
 from ..errors import ConfigError, OrchardError, SandboxLost, SandboxStartError, SandboxTimeout
-from . import KubernetesConfig
+from . import KubernetesConfig, bundle
 from .k8s_pod import (
     IMAGE_ANNOTATION,
     MANAGED_BY,
@@ -44,10 +44,6 @@ from .k8s_portforward import PortForward
 
 log = logging.getLogger("orchard.kubernetes")
 
-#: A client session's Lease expires this long after its last renewal.
-LEASE_SECONDS = 60
-#: Where the injected runtime is mounted in the sandbox container.
-BUNDLE_PATH = "/.orchard"
 _EVENT = msgspec.json.Decoder(WatchEvent)
 _POD = msgspec.json.Decoder(Pod)
 _POD_LIST = msgspec.json.Decoder(PodList)
@@ -197,7 +193,10 @@ class KubernetesBackend:
     async def _take_lease(self) -> None:
         """Create this session's Lease: it owns the session's pods and shows the client is alive."""
         body = lease_manifest(
-            session_id=self.session_id, namespace=self.config.namespace, duration=LEASE_SECONDS, now=_micro_time()
+            session_id=self.session_id,
+            namespace=self.config.namespace,
+            duration=self.config.lease_seconds,
+            now=_micro_time(),
         )
         resp = await self._call("lease", self._coord.create_namespaced_lease, self.config.namespace, body)
         lease = msgspec.json.decode(await resp.read())
@@ -212,7 +211,7 @@ class KubernetesBackend:
     async def _renew(self) -> None:
         assert self._owner is not None
         while True:
-            await asyncio.sleep(LEASE_SECONDS / 3)
+            await asyncio.sleep(self.config.lease_seconds / 3)
             try:
                 resp = await self._call(
                     "lease",
@@ -238,6 +237,7 @@ class KubernetesBackend:
         """The one watch: every pod of this client session, for the client's lifetime."""
         selector = f"{SESSION_LABEL}={self.session_id}"
         resource_version: str | None = None
+        failures = 0
         assert self._watch_ready is not None
         while True:
             try:
@@ -276,8 +276,12 @@ class KubernetesBackend:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # keep watching whatever happens; the next loop relists if needed
-                log.warning("pod watch interrupted (%r); reconnecting", exc)
-                await asyncio.sleep(0.5)
+                failures += 1
+                if failures == 1:
+                    log.warning("pod watch interrupted (%r); reconnecting", exc)
+                await asyncio.sleep(min(5.0, 0.2 * 2**failures))
+            else:
+                failures = 0
 
     def _observe(self, pod: Pod) -> None:
         tracked = self._tracked.get(pod.metadata.name)
@@ -301,9 +305,9 @@ class KubernetesBackend:
             session_id=self.session_id,
             token_sha256=token_sha256,
             injector_image=self.config.injector_image,
-            launcher=launcher(),
-            install=install(),
-            bundle_path=BUNDLE_PATH,
+            launcher=bundle.launcher(),
+            install=bundle.install(),
+            bundle_path=bundle.MOUNT,
             port=self.config.executor_port,
             created_at=time.time(),
             owner=self._owner,
@@ -447,24 +451,6 @@ class KubernetesBackend:
             await self._api.close()
             await self._ws_api.close()
             self._api = None
-
-
-def launcher() -> list[str]:
-    """The sandbox container's command: the bundled loader runs the bundled Python."""
-    return [
-        f"{BUNDLE_PATH}/lib/ld-linux-x86-64.so.2",
-        "--library-path",
-        f"{BUNDLE_PATH}/lib",
-        f"{BUNDLE_PATH}/bin/python3",
-        "-I",
-        "-S",
-        f"{BUNDLE_PATH}/launch.py",
-    ]
-
-
-def install() -> list[str]:
-    """The init container's command: copy the runtime into the shared volume."""
-    return ["/orchard/install", BUNDLE_PATH]
 
 
 class _Inventory:
