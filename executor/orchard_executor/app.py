@@ -8,6 +8,7 @@ import contextlib
 import hashlib
 import hmac
 import os
+import signal
 import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -55,6 +56,8 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 #: Completed exec results kept for request-id deduplication, bounded by bytes.
 DEDUP_BYTES = 64 * 1024 * 1024
 DEDUP_ENTRIES = 4096
+#: How long a run whose client disconnected waits for a retry to claim it.
+RETRY_GRACE = 5.0
 #: Streaming exec: stop reading the command's pipes above this many queued bytes.
 STREAM_HIGH_WATER = 1024 * 1024
 
@@ -94,6 +97,8 @@ class State:
         self._token = bytes.fromhex(settings.token_sha256)
         self._dedup: collections.OrderedDict[str, asyncio.Future[ExecResult]] = collections.OrderedDict()
         self._dedup_bytes = 0
+        self._waiters: collections.Counter[str] = collections.Counter()
+        self._abandon: dict[str, asyncio.TimerHandle] = {}
 
     def authorized(self, header: str | None) -> bool:
         """Constant-time check of an ``Authorization: Bearer`` header."""
@@ -109,33 +114,58 @@ class State:
             self.stopped.set()
 
     async def exec_once(self, request: ExecRequest, fn: Callable[[], Awaitable[ExecResult]]) -> ExecResult:
-        """Run ``fn`` once per request id; a retry waits for and returns the first result."""
-        if request.request_id is None:
+        """Run ``fn`` once per request id; a retry waits for and returns the first result.
+
+        A run whose client went away keeps going for ``RETRY_GRACE`` seconds,
+        so that a retry after a broken connection picks it up instead of
+        running the command again; unclaimed after that, it is killed.
+        """
+        rid = request.request_id
+        if rid is None:
             return await fn()
-        existing = self._dedup.get(request.request_id)
-        if existing is not None:
-            self._dedup.move_to_end(request.request_id)
-            return await asyncio.shield(existing)
-        future: asyncio.Future[ExecResult] = asyncio.get_running_loop().create_future()
-        self._dedup[request.request_id] = future
+        task = self._dedup.get(rid)
+        if task is None:
+            task = asyncio.ensure_future(fn())
+            self._dedup[rid] = task
+            task.add_done_callback(lambda done: self._finished(rid, done))
+        else:
+            self._dedup.move_to_end(rid)
+            timer = self._abandon.pop(rid, None)
+            if timer is not None:
+                timer.cancel()
+        self._waiters[rid] += 1
         try:
-            result = await fn()
-        except BaseException as exc:
-            # A failed or cancelled run is not remembered: a retry runs it again.
-            del self._dedup[request.request_id]
-            if isinstance(exc, ExecutorError):
-                future.set_exception(exc)
-            else:
-                future.cancel()
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if self._waiters[rid] == 1 and not task.done():
+                self._abandon[rid] = asyncio.get_running_loop().call_later(RETRY_GRACE, task.cancel)
             raise
-        future.set_result(result)
-        self._dedup_bytes += len(result.stdout_bytes) + len(result.stderr_bytes)
+        finally:
+            self._waiters[rid] -= 1
+            if not self._waiters[rid]:
+                del self._waiters[rid]
+
+    def _finished(self, rid: str, task: asyncio.Future[ExecResult]) -> None:
+        timer = self._abandon.pop(rid, None)
+        if timer is not None:
+            timer.cancel()
+        if task.cancelled() or not isinstance(task.exception() or ExecutorError("internal", ""), ExecutorError):
+            # A killed or crashed run is not remembered: a retry runs it again.
+            if self._dedup.get(rid) is task:
+                del self._dedup[rid]
+            return
+        if task.exception() is None:
+            result = task.result()
+            self._dedup_bytes += len(result.stdout_bytes) + len(result.stderr_bytes)
         while self._dedup_bytes > DEDUP_BYTES or len(self._dedup) > DEDUP_ENTRIES:
-            _, oldest = self._dedup.popitem(last=False)
-            if oldest.done() and not oldest.cancelled() and oldest.exception() is None:
+            oldest_id = next(iter(self._dedup))
+            oldest = self._dedup[oldest_id]
+            if not oldest.done():
+                break  # never forget a run still going
+            del self._dedup[oldest_id]
+            if not oldest.cancelled() and oldest.exception() is None:
                 old = oldest.result()
                 self._dedup_bytes -= len(old.stdout_bytes) + len(old.stderr_bytes)
-        return result
 
 
 SETTINGS = web.AppKey("settings", Settings)
@@ -213,6 +243,11 @@ async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:
     finally:
         state.in_flight -= 1
         state.last_activity = time.monotonic()
+
+
+async def _anonymous(request: web.Request, response: web.StreamResponse) -> None:
+    """Drop the Server header: the port tells whoever reaches it nothing about the software."""
+    response.headers.popall("Server", None)
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -349,13 +384,11 @@ async def process_signal(request: web.Request) -> web.Response:
     """Signal a background process's process group."""
     bg = _state(request).processes.get(request.match_info["id"])
     req = await _body(request, SignalRequest)
+    if req.signal not in signal.valid_signals():
+        raise ExecutorError("bad_request", f"invalid signal {req.signal}")
     if not bg.done.is_set():
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(bg.child.pid, req.signal)
-        except ValueError as exc:
-            raise ExecutorError("bad_request", f"invalid signal {req.signal}") from exc
-        except ProcessLookupError:
-            pass
     return _reply(request, bg.status())
 
 
@@ -431,11 +464,14 @@ async def file_read(request: web.Request) -> web.StreamResponse:
     except OSError as exc:
         raise ExecutorError.from_os_error(exc, path) from exc
     response = web.StreamResponse(headers={"Content-Type": OCTET})
-    response.content_length = st.size
+    # Pseudo-files (/proc, /sys) report a size of 0 yet have content: send those to EOF.
+    sized = st.size > 0
+    if sized:
+        response.content_length = st.size
     with os.fdopen(fd, "rb", buffering=0) as f:
         await response.prepare(request)
         sent = 0
-        while sent < st.size and (chunk := f.read(files.CHUNK)):
+        while (sent < st.size or not sized) and (chunk := f.read(files.CHUNK)):
             await response.write(chunk)
             sent += len(chunk)
     await response.write_eof()
@@ -515,6 +551,7 @@ def create_app(settings: Settings) -> web.Application:
     app[SETTINGS] = settings
     app[STATE] = State(settings)
     app.cleanup_ctx.append(_lifecycle)
+    app.on_response_prepare.append(_anonymous)
     v = f"/{API_VERSION}"
     app.router.add_get("/healthz", healthz)
     app.router.add_get(f"{v}/info", info)

@@ -66,7 +66,8 @@ def list_dir(path: str) -> list[FileStat]:
 
 
 def mkdir(path: str, *, parents: bool, mode: int, exist_ok: bool) -> None:
-    """Create a directory."""
+    """Create a directory with exactly ``mode`` (the umask does not apply, as with files)."""
+    existed = os.path.isdir(path)
     try:
         if parents:
             os.makedirs(path, mode=mode, exist_ok=exist_ok)
@@ -77,6 +78,9 @@ def mkdir(path: str, *, parents: bool, mode: int, exist_ok: bool) -> None:
             raise ExecutorError.from_os_error(exc, path) from exc
     except OSError as exc:
         raise ExecutorError.from_os_error(exc, path) from exc
+    if not existed:  # an existing directory keeps its mode
+        with contextlib.suppress(OSError):
+            os.chmod(path, mode)
 
 
 def remove(path: str, *, recursive: bool, missing_ok: bool) -> None:
@@ -109,6 +113,9 @@ async def write_atomic(path: str, chunks: AsyncIterator[bytes], *, mode: int, pa
         if parents:
             os.makedirs(directory, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".orchard-tmp", dir=directory)
+    except FileExistsError as exc:
+        # makedirs reports a file standing where the parent directory should be as EEXIST.
+        raise ExecutorError("not_a_directory", f"{directory} is not a directory", directory) from exc
     except OSError as exc:
         raise ExecutorError.from_os_error(exc, path) from exc
     try:

@@ -134,10 +134,9 @@ class Shell:
     def __init__(self, rpc: ExecutorClient, info: SessionInfo) -> None:
         self._rpc = rpc
         self.id = info.id
-        self.cwd = info.cwd
 
     def __repr__(self) -> str:
-        return f"<Shell {self.id} cwd={self.cwd!r}>"
+        return f"<Shell {self.id}>"
 
     async def exec(
         self,

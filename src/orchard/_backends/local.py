@@ -116,7 +116,8 @@ class LocalInstance:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(asyncio.shield(self.proc.wait()), 0.5)
         code = self.proc.returncode
-        if code is None:
+        # Past its ttl the sandbox is ending, even if the executor is still shutting down.
+        if code is None and not self._expired:
             return None
         reason = "ttl" if self._expired else f"exited({code})"
         tail = _tail(self.log)

@@ -1,0 +1,89 @@
+"""Shared fixtures.
+
+``client`` is parametrized by backend: the generic Sandbox tests
+(``test_sandbox_*.py``, ``test_executor_http.py``) take it and run unchanged
+on every backend listed in ``BACKENDS``. Backend-specific checks (host pids,
+directories) live in their own modules and use ``local_client``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import orchard
+
+#: Backends the generic tests run on (``ORCHARD_TEST_BACKENDS=local,local-bwrap``);
+#: other backends add themselves to ``client`` below.
+BACKENDS = os.environ.get("ORCHARD_TEST_BACKENDS", "local").split(",")
+
+SANDBOXES = pytest.StashKey[list[orchard.Sandbox]]()
+
+SandboxFactory = Callable[..., Awaitable[orchard.Sandbox]]
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    report = yield
+    created = item.stash.get(SANDBOXES, [])
+    if report.failed and created:  # type: ignore[attr-defined]
+        lines = [f"{sb.id} image={sb.image!r}" for sb in created]
+        report.sections.append(("orchard sandboxes", "\n".join(lines)))  # type: ignore[attr-defined]
+    return report  # type: ignore[no-any-return]
+
+
+@pytest.fixture
+def local_root(tmp_path: Path) -> Path:
+    """Where the local backend puts its sandbox directories for this test."""
+    return tmp_path / "sandboxes"
+
+
+@pytest.fixture
+async def local_client(local_root: Path) -> AsyncIterator[orchard.Client]:
+    """A Client on the local backend, its sandboxes under ``local_root``."""
+    async with orchard.Client(orchard.LocalConfig(root=str(local_root))) as client:
+        yield client
+
+
+@pytest.fixture(params=BACKENDS)
+async def client(request: pytest.FixtureRequest, local_root: Path) -> AsyncIterator[orchard.Client]:
+    """A Client on each backend the generic tests run on."""
+    if request.param == "local":
+        config = orchard.LocalConfig(root=str(local_root))
+    elif request.param == "local-bwrap":
+        config = orchard.LocalConfig(root=str(local_root), isolation="bwrap")
+    else:
+        raise NotImplementedError(f"no client fixture for backend {request.param!r}")
+    async with orchard.Client(config) as client:
+        yield client
+
+
+@pytest.fixture
+async def sandbox(client: orchard.Client, request: pytest.FixtureRequest) -> AsyncIterator[SandboxFactory]:
+    """A factory of sandboxes: ``sb = await sandbox(**spec)``; all are deleted after the test."""
+    created: list[orchard.Sandbox] = []
+    request.node.stash[SANDBOXES] = created
+
+    async def make(image: str = "local", **spec: Any) -> orchard.Sandbox:
+        sb = await client.create(image, **spec)
+        created.append(sb)
+        return sb
+
+    try:
+        yield make
+    finally:
+        results = await asyncio.gather(*(sb.aclose() for sb in created), return_exceptions=True)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            raise errors[0]
+
+
+@pytest.fixture
+async def sb(sandbox: SandboxFactory) -> orchard.Sandbox:
+    """One sandbox with the default spec."""
+    return await sandbox()

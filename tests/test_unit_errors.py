@@ -1,0 +1,94 @@
+"""The fixed table from wire error codes to exceptions, and the executor's errno mapping."""
+
+from __future__ import annotations
+
+import errno
+
+import pytest
+
+from orchard import errors
+from orchard_executor import errors as executor_errors
+from orchard_executor.protocol import ERROR_CODES
+
+pytestmark = pytest.mark.unit
+
+#: What each wire code must raise, and the builtin a caller may catch it as.
+EXPECTED: dict[str, tuple[type[errors.ExecutorError], type[BaseException]]] = {
+    "unauthorized": (errors.AuthError, PermissionError),
+    "bad_request": (errors.InvalidRequest, ValueError),
+    "not_found": (errors.InvalidRequest, ValueError),
+    "file_not_found": (errors.PathNotFound, FileNotFoundError),
+    "file_exists": (errors.PathExists, FileExistsError),
+    "is_a_directory": (errors.IsADirectory, IsADirectoryError),
+    "not_a_directory": (errors.NotADirectory, NotADirectoryError),
+    "permission_denied": (errors.PermissionDenied, PermissionError),
+    "no_space": (errors.NoSpace, OSError),
+    "command_not_found": (errors.CommandNotFound, FileNotFoundError),
+    "process_not_found": (errors.ProcessNotFound, LookupError),
+    "session_not_found": (errors.SessionNotFound, LookupError),
+    "unsupported": (errors.Unsupported, NotImplementedError),
+    "internal": (errors.ExecutorError, errors.OrchardError),
+}
+
+
+def test_the_table_covers_every_wire_code_and_nothing_else() -> None:
+    assert set(errors.EXECUTOR_ERRORS) == ERROR_CODES
+    assert set(EXPECTED) == ERROR_CODES
+
+
+def test_the_executor_has_an_http_status_for_every_code() -> None:
+    assert set(executor_errors.STATUS) == ERROR_CODES
+    assert executor_errors.STATUS["unauthorized"] == 401
+    assert all(400 <= s < 600 for s in executor_errors.STATUS.values())
+
+
+@pytest.mark.parametrize("code", sorted(ERROR_CODES))
+def test_each_code_maps_to_its_class_and_builtin(code: str) -> None:
+    cls, builtin = EXPECTED[code]
+    assert errors.EXECUTOR_ERRORS[code] is cls
+    exc = cls("msg", code=code, path="/p", sandbox_id="sb-1")
+    assert isinstance(exc, builtin)
+    assert isinstance(exc, errors.OrchardError)
+    assert isinstance(exc, errors.ExecutorError)
+    assert (exc.code, exc.path, exc.sandbox_id, str(exc)) == (code, "/p", "sb-1", "msg")
+
+
+def test_client_side_errors_are_their_builtins_too() -> None:
+    assert issubclass(errors.ConfigError, ValueError)
+    assert issubclass(errors.SandboxTimeout, TimeoutError)
+    assert issubclass(errors.SandboxLost, ConnectionError)
+    assert issubclass(errors.SandboxClosed, RuntimeError)
+    assert issubclass(errors.SandboxStartError, RuntimeError)
+    lost = errors.SandboxLost("gone", sandbox_id="sb-2", reason="OOMKilled")
+    assert (lost.sandbox_id, lost.reason) == ("sb-2", "OOMKilled")
+    for cls in (errors.ConfigError, errors.SandboxTimeout, errors.SandboxClosed, errors.SandboxStartError):
+        assert issubclass(cls, errors.OrchardError)
+
+
+@pytest.mark.parametrize(
+    ("err", "code"),
+    [
+        (errno.ENOENT, "file_not_found"),
+        (errno.EEXIST, "file_exists"),
+        (errno.ENOTEMPTY, "file_exists"),
+        (errno.EISDIR, "is_a_directory"),
+        (errno.ENOTDIR, "not_a_directory"),
+        (errno.EACCES, "permission_denied"),
+        (errno.EPERM, "permission_denied"),
+        (errno.EROFS, "permission_denied"),
+        (errno.ENOSPC, "no_space"),
+        (errno.EDQUOT, "no_space"),
+        (errno.EIO, "internal"),
+    ],
+)
+def test_executor_maps_errno_to_codes(err: int, code: str) -> None:
+    exc = executor_errors.ExecutorError.from_os_error(OSError(err, "why", "/some/file"))
+    assert exc.error.code == code
+    assert exc.error.path == "/some/file"
+    assert "/some/file" in exc.error.message
+    assert exc.status == executor_errors.STATUS[code]
+
+
+def test_executor_error_path_override() -> None:
+    exc = executor_errors.ExecutorError.from_os_error(FileNotFoundError(errno.ENOENT, "gone"), "/given")
+    assert exc.error.path == "/given"

@@ -1,0 +1,137 @@
+"""OutputBuffer (head + tail capture) and argv building: pure logic."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from orchard_executor.errors import ExecutorError
+from orchard_executor.runner import OutputBuffer, build_argv
+
+pytestmark = pytest.mark.unit
+
+
+def expected(data: bytes, cap: int) -> bytes:
+    """What a head+tail capture of ``data`` under ``cap`` must keep."""
+    if len(data) <= cap:
+        return data
+    head, tail = cap - cap // 2, cap // 2
+    return data[:head] + (data[len(data) - tail :] if tail else b"")
+
+
+def feed_all(buf: OutputBuffer, data: bytes, sizes: list[int]) -> None:
+    pos = 0
+    for n in sizes:
+        buf.feed(data[pos : pos + n])
+        pos += n
+    buf.feed(data[pos:])
+
+
+def test_output_under_the_cap_is_kept_whole() -> None:
+    buf = OutputBuffer(100)
+    buf.feed(b"hello ")
+    buf.feed(b"world")
+    assert buf.getvalue() == b"hello world"
+    assert buf.total == 11
+    assert not buf.truncated
+
+
+def test_output_exactly_at_the_cap_is_not_truncated() -> None:
+    data = bytes(range(256)) * 4
+    buf = OutputBuffer(len(data))
+    buf.feed(data)
+    assert buf.getvalue() == data
+    assert not buf.truncated
+
+
+def test_one_byte_over_the_cap_drops_the_middle() -> None:
+    data = b"abcdefghijk"  # 11 bytes, cap 10: head "abcde", tail "ghijk"
+    buf = OutputBuffer(10)
+    buf.feed(data)
+    assert buf.truncated
+    assert buf.total == 11
+    assert buf.getvalue() == b"abcdeghijk"
+
+
+def test_odd_cap_gives_the_extra_byte_to_the_head() -> None:
+    data = bytes(range(100))
+    buf = OutputBuffer(7)
+    buf.feed(data)
+    assert buf.getvalue() == data[:4] + data[-3:]
+
+
+def test_zero_cap_keeps_nothing_but_counts_everything() -> None:
+    buf = OutputBuffer(0)
+    buf.feed(b"x" * 1000)
+    assert buf.getvalue() == b""
+    assert buf.total == 1000
+    assert buf.truncated
+
+
+def test_cap_of_one_keeps_only_the_first_byte() -> None:
+    buf = OutputBuffer(1)
+    for b in (b"ab", b"cd"):
+        buf.feed(b)
+    assert buf.getvalue() == b"a"
+    assert buf.truncated
+
+
+def test_empty_feeds_change_nothing() -> None:
+    buf = OutputBuffer(4)
+    buf.feed(b"")
+    assert buf.getvalue() == b""
+    assert buf.total == 0
+    assert not buf.truncated
+
+
+@pytest.mark.parametrize("cap", [1, 2, 3, 10, 64, 1000, 4097])
+@pytest.mark.parametrize("seed", range(5))
+def test_head_and_tail_match_a_reference_for_any_chunking(cap: int, seed: int) -> None:
+    rng = random.Random(seed * 1000 + cap)
+    data = rng.randbytes(rng.randrange(0, cap * 5 + 10))
+    sizes = [rng.randrange(0, max(2, cap)) for _ in range(rng.randrange(0, 50))]
+    buf = OutputBuffer(cap)
+    feed_all(buf, data, sizes)
+    assert buf.total == len(data)
+    assert buf.truncated == (len(data) > cap)
+    assert buf.getvalue() == expected(data, cap)
+
+
+def test_memory_stays_within_twice_the_cap() -> None:
+    cap = 1000
+    buf = OutputBuffer(cap)
+    peak = 0
+    for i in range(10_000):
+        buf.feed(bytes([i % 256]) * 97)
+        peak = max(peak, len(buf._head) + len(buf._tail))
+    assert buf.total == 970_000
+    assert peak <= 2 * cap
+    assert len(buf.getvalue()) == cap
+
+
+def test_getvalue_is_repeatable_and_feeding_continues_after_it() -> None:
+    buf = OutputBuffer(6)
+    buf.feed(b"abcdefgh")
+    assert buf.getvalue() == buf.getvalue() == b"abcfgh"
+    buf.feed(b"ij")
+    assert buf.getvalue() == b"abchij"
+
+
+def test_build_argv_runs_a_string_through_the_shell() -> None:
+    assert build_argv("echo $HOME", "/bin/sh") == ["/bin/sh", "-c", "echo $HOME"]
+    assert build_argv("x", "bash") == ["bash", "-c", "x"]
+
+
+def test_build_argv_keeps_a_list_as_is() -> None:
+    argv = ["printf", "%s", "a b"]
+    built = build_argv(argv, "/bin/sh")
+    assert built == argv
+    assert built is not argv
+
+
+def test_build_argv_rejects_an_empty_list() -> None:
+    with pytest.raises(ExecutorError) as info:
+        build_argv([], "/bin/sh")
+    assert info.value.error.code == "bad_request"
+    assert info.value.status == 400
