@@ -18,7 +18,8 @@ from collections.abc import Callable
 
 from aiohttp import web
 
-from .app import STATE, Settings, create_app
+from . import reaper
+from .app import STATE, Settings, clean_environ, create_app
 
 PARENT_GONE = "parent went away"
 
@@ -54,6 +55,26 @@ async def _watch_stdin(stop: asyncio.Event) -> None:
     stop.set()
 
 
+def _initial_environ() -> dict[str, str]:
+    """The environment this process was started with, which its commands get.
+
+    ``os.environ`` can differ from it: where no locale is set (a bare image),
+    Python itself sets LC_CTYPE=C.UTF-8 (PEP 538), and that must not leak into
+    the commands. /proc/self/environ still holds the original block.
+    """
+    try:
+        with open("/proc/self/environ", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return dict(os.environ)
+    env = {}
+    for entry in raw.split(b"\0"):
+        key, sep, value = entry.partition(b"=")
+        if sep and key:
+            env[os.fsdecode(key)] = os.fsdecode(value)
+    return env
+
+
 async def serve(args: argparse.Namespace) -> str:
     """Serve until told to stop; returns why it stopped."""
     if not args.token_sha256:
@@ -63,7 +84,10 @@ async def serve(args: argparse.Namespace) -> str:
         workdir=os.path.abspath(args.workdir or os.getcwd()),
         state_dir=args.state_dir,
         idle_timeout=args.idle_timeout,
+        env=clean_environ(_initial_environ()),
     )
+    # As a container's PID 1, the executor inherits every orphan: reap them.
+    init_reaper = reaper.start_if_init(asyncio.get_running_loop())
     app = create_app(settings)
     state = app[STATE]
     # A client that disconnects cancels its handler, which kills the command it was running.
@@ -90,6 +114,8 @@ async def serve(args: argparse.Namespace) -> str:
         for task in watchers:
             task.cancel()
         await runner.cleanup()
+        if init_reaper is not None:
+            init_reaper.stop()
     reason: str = state.stop_reason
     return reason
 

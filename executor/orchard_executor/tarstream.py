@@ -64,18 +64,35 @@ def _escapes(root: str, name: str) -> bool:
     return os.path.isabs(name) or not (target == root or target.startswith(root + os.sep))
 
 
+def _outside(kind: str, member: tarfile.TarInfo, path: str) -> tarfile.TarError:
+    error: type[tarfile.TarError] | None = getattr(tarfile, kind, None)
+    if error is not None:
+        return error(member, path)
+    # CPython before 3.11.4 (Debian 12's 3.11.2, the injected runtime's) lacks PEP 706.
+    return tarfile.TarError(f"{member.name!r} would be extracted to {path!r}, which is outside the destination")
+
+
 def keep_inside(dest: str) -> tarfile._FilterType:  # type: ignore[name-defined]
     """A tar filter that keeps modes and symlinks but refuses paths leaving ``dest``."""
     root = os.path.realpath(dest)
 
     def check(member: tarfile.TarInfo, _path: str) -> tarfile.TarInfo:
         if _escapes(root, member.name):
-            raise tarfile.OutsideDestinationError(member, os.path.join(root, member.name))
+            raise _outside("OutsideDestinationError", member, os.path.join(root, member.name))
         if member.islnk() and _escapes(root, member.linkname):
-            raise tarfile.LinkOutsideDestinationError(member, os.path.join(root, member.linkname))
+            raise _outside("LinkOutsideDestinationError", member, os.path.join(root, member.linkname))
         return member
 
     return check
+
+
+def _extract_all(tar: tarfile.TarFile, dest: str) -> None:
+    check = keep_inside(dest)
+    if hasattr(tarfile, "data_filter"):  # PEP 706: CPython 3.11.4 and later
+        tar.extractall(dest, filter=check)
+        return
+    # Earlier 3.11 releases: the same check, applied member by member as the stream is read.
+    tar.extractall(dest, members=(check(member, dest) for member in tar))
 
 
 async def extract(chunks: AsyncIterable[bytes], dest: str) -> None:
@@ -90,7 +107,7 @@ async def extract(chunks: AsyncIterable[bytes], dest: str) -> None:
     def work() -> None:
         try:
             with tarfile.open(fileobj=io.BufferedReader(reader, CHUNK), mode="r|*") as tar:
-                tar.extractall(dest, filter=keep_inside(dest))
+                _extract_all(tar, dest)
         except BaseException as exc:
             errors.append(exc)
         # Keep draining so the producer never blocks on a full queue.

@@ -20,7 +20,7 @@ Errors are in ``orchard.errors``; all derive from ``OrchardError``.
 from orchard_executor.protocol import ExecResult, ExitEvent, FileStat, OutputEvent, ProcessStatus
 
 from . import errors
-from ._backends import LocalConfig
+from ._backends import DockerConfig, KubernetesConfig, LocalConfig
 from ._client import Client, sandbox
 from ._sandbox import Process, Sandbox, Shell
 from ._spec import SandboxSpec
@@ -30,9 +30,11 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Client",
+    "DockerConfig",
     "ExecResult",
     "ExitEvent",
     "FileStat",
+    "KubernetesConfig",
     "LocalConfig",
     "OrchardError",
     "OutputEvent",

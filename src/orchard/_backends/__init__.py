@@ -11,7 +11,7 @@ from ..errors import ConfigError
 from .base import Backend, Instance
 
 
-class LocalConfig(msgspec.Struct, kw_only=True, frozen=True, tag="local"):
+class LocalConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True, tag="local"):
     """The embedded default: each sandbox is an executor process on this machine."""
 
     #: Directory under which each sandbox gets its private directory.
@@ -24,7 +24,7 @@ class LocalConfig(msgspec.Struct, kw_only=True, frozen=True, tag="local"):
     isolation: Literal["auto", "bwrap", "none"] = "none"
 
 
-class KubernetesConfig(msgspec.Struct, kw_only=True, frozen=True, tag="kubernetes"):
+class KubernetesConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True, tag="kubernetes"):
     """A pod per sandbox on a Kubernetes cluster, exec straight to the pod IP."""
 
     #: Namespace the sandbox pods go in.
@@ -42,10 +42,26 @@ class KubernetesConfig(msgspec.Struct, kw_only=True, frozen=True, tag="kubernete
     #: "direct" to the pod IP, "port-forward" through the API server (for clients
     #: outside the cluster network), or "auto": direct if the pod IP answers.
     transport: Literal["auto", "direct", "port-forward"] = "auto"
+    #: The client session's Lease (owner of its pods) expires this long after its
+    #: last renewal; ``orchard gc`` then treats the session's pods as orphans.
+    lease_seconds: int = 60
 
 
-BackendConfig = LocalConfig | KubernetesConfig
-BACKENDS = ("local", "kubernetes")
+class DockerConfig(msgspec.Struct, kw_only=True, frozen=True, tag="docker", forbid_unknown_fields=True):
+    """A container per sandbox on a Docker engine, the executor injected from a shared volume."""
+
+    #: Engine API address, unix:///PATH or tcp://HOST:PORT (default: $DOCKER_HOST, else the local socket).
+    host: str | None = None
+    #: The image built from Dockerfile.executor; a volume is filled from it once.
+    injector_image: str = "orchard-executor:latest"
+    #: Port the executor listens on inside the container (published on 127.0.0.1).
+    executor_port: int = 8750
+    #: Docker network the sandbox containers join (default: the engine's bridge).
+    network: str | None = None
+
+
+BackendConfig = LocalConfig | KubernetesConfig | DockerConfig
+BACKENDS = ("local", "kubernetes", "docker")
 
 
 def make_config(backend: str | BackendConfig, options: dict[str, Any]) -> BackendConfig:
@@ -69,6 +85,10 @@ def build_backend(config: BackendConfig, *, session_id: str, http: aiohttp.Clien
         from .kubernetes import KubernetesBackend
 
         return KubernetesBackend(config, session_id=session_id, http=http)
+    if isinstance(config, DockerConfig):
+        from .docker import DockerBackend
+
+        return DockerBackend(config, session_id=session_id, http=http)
     from .local import LocalBackend
 
     return LocalBackend(config)
@@ -78,6 +98,7 @@ __all__ = [
     "BACKENDS",
     "Backend",
     "BackendConfig",
+    "DockerConfig",
     "Instance",
     "KubernetesConfig",
     "LocalConfig",

@@ -1,0 +1,101 @@
+"""Reaping orphans when the executor is a container's PID 1.
+
+A process whose parent exits is reparented to PID 1, and only PID 1 can wait
+for it: in a container without an init, that is the executor, and without a
+reaper every daemonized or escaped grandchild stays a zombie forever. But the
+executor waits for its own children by pid (``runner.Child``), and a blanket
+``wait()`` would steal their exit statuses.
+
+So the reaper reaps only what the executor did not start. Every command is a
+``runner.Child``, whose pid is in ``runner.TRACKED`` from its spawn until
+``Child`` itself has waited for it. On SIGCHLD, and every few seconds in case
+a signal was coalesced away, the reaper lists the executor's children from
+/proc and reaps, without blocking, each one that is not tracked. A pid leaves
+``TRACKED`` only once waited for, so a tracked pid cannot have been recycled
+into an orphan's (the one exception, a pid reaped by the fallback waiter
+thread and recycled before the loop hears of it, is reaped at the next sweep).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+
+from .runner import TRACKED
+
+#: Seconds between sweeps when no SIGCHLD arrives.
+SWEEP_INTERVAL = 5.0
+
+
+def children(pid: int) -> set[int]:
+    """The pids of ``pid``'s children, from /proc."""
+    found: set[int] = set()
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children", "rb") as f:
+                found.update(int(c) for c in f.read().split())
+        return found
+    except FileNotFoundError:
+        pass  # a kernel without CONFIG_PROC_CHILDREN: scan every process
+    except OSError:
+        return found
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        # The command name may hold spaces and parentheses: split after the last ')'.
+        if int(stat[stat.rfind(b")") + 2 :].split()[1]) == pid:
+            found.add(int(entry))
+    return found
+
+
+class Reaper:
+    """Reaps the executor's orphaned descendants, never the children it waits for itself."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._pid = os.getpid()
+        self._timer: asyncio.TimerHandle | None = None
+        #: Orphans reaped so far.
+        self.reaped = 0
+
+    def sweep(self) -> None:
+        """Reap every zombie child that the executor did not start."""
+        for pid in children(self._pid):
+            if pid in TRACKED:
+                continue
+            with contextlib.suppress(ChildProcessError):
+                done, _ = os.waitpid(pid, os.WNOHANG)
+                if done:
+                    self.reaped += 1
+
+    def start(self) -> None:
+        """Sweep on SIGCHLD and every ``SWEEP_INTERVAL`` seconds."""
+        self._loop.add_signal_handler(signal.SIGCHLD, self.sweep)
+        self._periodic()
+
+    def _periodic(self) -> None:
+        self.sweep()
+        self._timer = self._loop.call_later(SWEEP_INTERVAL, self._periodic)
+
+    def stop(self) -> None:
+        """Stop sweeping."""
+        if self._timer is not None:
+            self._timer.cancel()
+        with contextlib.suppress(RuntimeError):
+            self._loop.remove_signal_handler(signal.SIGCHLD)
+
+
+def start_if_init(loop: asyncio.AbstractEventLoop) -> Reaper | None:
+    """Start a reaper if this process is PID 1 (a container's init); otherwise do nothing."""
+    if os.getpid() != 1:
+        return None
+    reaper = Reaper(loop)
+    reaper.start()
+    return reaper

@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# Everything the docker backend and its tests need, on a Debian 12 machine as
+# root, with no container registry: the Docker engine from Debian's packages,
+# a running dockerd, a Debian base image built with debootstrap, the test task
+# images and the executor injector image.
+#
+#   scripts/docker-setup.sh            # idempotent; a second run takes seconds
+#
+# Images built (all local, none pulled):
+#   orchard-base:bookworm       debootstrap'd Debian (python3, git, bash)
+#   orchard-executor:latest     Dockerfile.executor on that base (also :VERSION)
+#   orchard-test/busybox        a static busybox and nothing else
+#   orchard-test/swe            Debian + bash, git, python3 and a repo at /testbed
+#   orchard-test/noshell        a few coreutils programs, no shell at all
+#   orchard-test/nonroot        busybox as an unprivileged user with nowhere to write
+#
+# Caches live outside the repository, under $ORCHARD_CACHE (/var/cache/orchard):
+# the base root filesystem and the executor's wheels. dockerd logs to
+# $ORCHARD_CACHE/dockerd.log; its pidfile is /var/run/docker.pid.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+CACHE=${ORCHARD_CACHE:-/var/cache/orchard}
+export ORCHARD_CACHE=$CACHE
+PY=${PYTHON:-python3}
+BASE=orchard-base:bookworm
+VERSION=$(sed -n 's/^__version__ = "\(.*\)"/\1/p' executor/orchard_executor/__init__.py)
+mkdir -p "$CACHE"
+
+step() { printf '== %s (%ss)\n' "$1" "$SECONDS"; }
+
+step "packages"
+missing=()
+for pkg in docker.io debootstrap busybox-static; do
+  dpkg-query -W -f '${Status}' "$pkg" 2>/dev/null | grep -q "ok installed" || missing+=("$pkg")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+step "dockerd"
+# Debian's docker CLI: another `docker` earlier on PATH may be too new for this engine's API.
+DOCKER=/usr/bin/docker
+if ! "$DOCKER" info >/dev/null 2>&1; then
+  pidfile=/var/run/docker.pid
+  # A pid counts only if its process is alive: a killed daemon can linger as a
+  # zombie here (nothing may reap it), and dockerd would wait on it forever.
+  alive() {
+    local pid state
+    pid=$(cat "$1" 2>/dev/null) || return 1
+    state=$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null) || return 1
+    [ -n "$state" ] && [ "$state" != Z ]
+  }
+  if alive "$pidfile"; then
+    echo "dockerd $(cat "$pidfile") is running but not answering yet"
+  else
+    rm -f "$pidfile"
+    alive /var/run/docker/containerd/containerd.pid || rm -f /var/run/docker/containerd/containerd.pid
+    # No systemd here: start it in its own session so it outlives this script.
+    setsid dockerd --pidfile "$pidfile" >>"$CACHE/dockerd.log" 2>&1 </dev/null &
+  fi
+  for _ in $(seq 120); do
+    "$DOCKER" info >/dev/null 2>&1 && break
+    sleep 0.5
+  done
+  if ! "$DOCKER" info >/dev/null 2>&1; then
+    echo "dockerd did not come up; the end of $CACHE/dockerd.log:" >&2
+    tail -30 "$CACHE/dockerd.log" >&2
+    exit 1
+  fi
+fi
+echo "engine $("$DOCKER" version -f '{{.Server.Version}}') at /var/run/docker.sock"
+
+step "base image"
+PATH=/usr/bin:$PATH images/base/build-base.sh "$BASE"
+
+step "test task images"
+# A static busybox: Debian's busybox-static package installs it as /bin/busybox.
+for name in busybox nonroot; do
+  tar -c -C "images/tasks/$name" Dockerfile -C /bin busybox |
+    "$DOCKER" build -q --network none -t "orchard-test/$name:latest" - >/dev/null
+done
+"$DOCKER" build -q --network none --build-arg BASE="$BASE" -t orchard-test/noshell:latest images/tasks/noshell >/dev/null
+"$DOCKER" build -q --network none --build-arg BASE="$BASE" -t orchard-test/swe:latest images/tasks/swe >/dev/null
+
+step "executor wheels"
+# Downloaded here, where the package index is reachable, and passed in the build
+# context, so the image build itself needs no network.
+req_key=$(sha256sum images/executor/requirements.txt | cut -c1-16)
+wheels=$CACHE/wheels/$req_key
+if [ ! -f "$wheels/.complete" ]; then
+  rm -rf "$wheels"
+  mkdir -p "$wheels"
+  "$PY" -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: \
+    --python-version 3.11 --implementation cp --abi cp311 \
+    --platform manylinux_2_36_x86_64 --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+    --platform manylinux2014_x86_64 --platform manylinux_2_5_x86_64 --platform manylinux1_x86_64 \
+    -d "$wheels" -r images/executor/requirements.txt
+  touch "$wheels/.complete"
+fi
+
+step "injector image"
+# The tests refuse an injector image built from other executor sources than the tree's.
+source=$("$PY" images/executor/build_bundle.py --source-hash executor/orchard_executor)
+# The context: what Dockerfile.executor copies, plus the wheels under images/executor/wheels/.
+tar -c --exclude=__pycache__ --exclude='*.pyc' Dockerfile.executor images/executor executor/orchard_executor \
+  -C "$wheels" --transform='s|^[^/]*\.whl$|images/executor/wheels/&|' $(cd "$wheels" && ls -- *.whl) |
+  "$DOCKER" build -q --network none --build-arg BASE="$BASE" -f Dockerfile.executor \
+    --label "orchard.executor.source=$source" -t "orchard-executor:$VERSION" -t orchard-executor:latest - >/dev/null
+size=$("$DOCKER" image inspect -f '{{.Size}}' orchard-executor:latest)
+echo "orchard-executor:latest ($VERSION): $((size / 1000000)) MB"
+
+step "done"
