@@ -25,7 +25,7 @@ def _parser() -> argparse.ArgumentParser:
         ("gc", "delete finished, expired and orphaned sandboxes (by label; no server needed)"),
     ):
         sub = commands.add_parser(name, help=text)
-        sub.add_argument("--backend", default="kubernetes", choices=["kubernetes"])
+        sub.add_argument("--backend", default="kubernetes", choices=["kubernetes", "docker"])
         sub.add_argument("-n", "--namespace", default="default")
         sub.add_argument("--kubeconfig", default=None)
         sub.add_argument("--context", default=None)
@@ -64,19 +64,28 @@ def _k8s_setup(args: argparse.Namespace) -> int:
 
 
 def _cluster(args: argparse.Namespace) -> int:
-    from ._backends import KubernetesConfig
-    from ._backends.kubernetes import collect_garbage, list_sandboxes
+    if args.backend == "docker":
+        from ._backends import DockerConfig
+        from ._backends.docker import collect_garbage as docker_gc
+        from ._backends.docker import list_sandboxes as docker_ls
 
-    config = KubernetesConfig(namespace=args.namespace, kubeconfig=args.kubeconfig, context=args.context)
+        docker = DockerConfig()
+        rows = asyncio.run(docker_ls(docker)) if args.command == "ls" else []
+        deleted = [] if args.command == "ls" else asyncio.run(docker_gc(docker, dry_run=args.dry_run))
+    else:
+        from ._backends import KubernetesConfig
+        from ._backends.kubernetes import collect_garbage, list_sandboxes
+
+        config = KubernetesConfig(namespace=args.namespace, kubeconfig=args.kubeconfig, context=args.context)
+        rows = asyncio.run(list_sandboxes(config)) if args.command == "ls" else []
+        deleted = [] if args.command == "ls" else asyncio.run(collect_garbage(config, dry_run=args.dry_run))
     if args.command == "ls":
-        rows = asyncio.run(list_sandboxes(config))
-        columns = ("name", "session", "phase", "image", "created", "gc")
-        widths = {c: max([len(c)] + [len(r[c]) for r in rows]) for c in columns}
+        columns = list(rows[0]) if rows else ["name"]
+        widths = {c: max([len(c)] + [len(str(r[c])) for r in rows]) for c in columns}
         print("  ".join(c.upper().ljust(widths[c]) for c in columns))
         for row in rows:
-            print("  ".join(row[c].ljust(widths[c]) for c in columns))
+            print("  ".join(str(row[c]).ljust(widths[c]) for c in columns))
         return 0
-    deleted = asyncio.run(collect_garbage(config, dry_run=args.dry_run))
     verb = "would delete" if args.dry_run else "deleted"
     for name, why in deleted:
         print(f"{verb} {name} ({why})")

@@ -1,0 +1,7 @@
+"""The generic Sandbox tests of tests/test_sandbox_exec.py, on the kubernetes backend."""
+
+import pytest
+
+from test_sandbox_exec import *  # noqa: F403
+
+pytestmark = [pytest.mark.k8s]
