@@ -1,6 +1,7 @@
 """Exec round trip, executor memory and start-to-ready on the local backend.
 
-Every figure is measured in this run, next to its baseline in the same run:
+Every figure is measured in this run, next to its baseline in the same run
+(without bubblewrap, so that host /proc shows the executor itself):
 the exec round trip of ``true`` through the whole library path (client,
 HTTP on loopback, executor, process spawn) against a bare
 ``asyncio.create_subprocess_exec`` of the same command in this process.
@@ -76,7 +77,7 @@ def pss_kb(pid: int) -> int:
 
 async def main(iterations: int, starts: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as root:
-        async with orchard.Client(orchard.LocalConfig(root=root)) as client:
+        async with orchard.Client(orchard.LocalConfig(root=root, isolation="none")) as client:
             # Start-to-ready, one sandbox at a time so the figures are not queueing.
             ready = []
             for _ in range(starts):

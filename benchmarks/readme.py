@@ -47,7 +47,38 @@ def local(r: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
-TABLES: dict[str, Callable[[dict[str, Any]], str]] = {"local": local}
+def k8s(r: dict[str, Any]) -> str:
+    e = r["exec"]
+    rows = [
+        f"Measured by `python benchmarks/bench_k8s.py --json benchmarks/results/k8s.json` on the dev cluster "
+        f"({r['machine']['cpus']} cores, load average {r['machine']['load_before'][0]:.2f} at start), "
+        "all paths on the same pod in the same run.",
+        "",
+        "| exec round trip of `true` | p50 ms | p99 ms | n |",
+        "| --- | ---: | ---: | ---: |",
+    ]
+    for name, key in (
+        ("orchard, straight to the pod IP", "pod_ip"),
+        ("API-server exec (kubernetes_asyncio websocket)", "api_server_exec"),
+        ("`kubectl exec`", "kubectl_exec"),
+    ):
+        v = e[key]
+        rows.append(f"| {name} | {v['p50_ms']:.2f} | {v['p99_ms']:.2f} | {v['n']} |")
+    rows += [
+        "",
+        f"Pod IP vs API-server exec at p50: **{e['speedup_p50_vs_api_exec']:.0f}x** faster; "
+        f"vs `kubectl exec`: **{e['speedup_p50_vs_kubectl']:.0f}x** (target ≥ 20x).",
+        "",
+        "| create to ready, N concurrent | wall s | phase p50 / max, ms since the create call | API writes per sandbox |",
+        "| --- | ---: | --- | ---: |",
+    ]
+    for s in r["startup"]:
+        phases = ", ".join(f"{k} {v['p50']:.0f} / {v['max']:.0f}" for k, v in s["phases_ms"].items() if k != "queued")
+        rows.append(f"| N = {s['n']} | {s['wall_s']:.1f} | {phases} | {s['api_writes_per_sandbox']:.0f} |")
+    return "\n".join(rows)
+
+
+TABLES: dict[str, Callable[[dict[str, Any]], str]] = {"local": local, "k8s": k8s}
 
 
 def main() -> None:

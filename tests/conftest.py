@@ -46,7 +46,7 @@ def local_root(tmp_path: Path) -> Path:
 @pytest.fixture
 async def local_client(local_root: Path) -> AsyncIterator[orchard.Client]:
     """A Client on the local backend, its sandboxes under ``local_root``."""
-    async with orchard.Client(orchard.LocalConfig(root=str(local_root))) as client:
+    async with orchard.Client(orchard.LocalConfig(root=str(local_root), isolation="none")) as client:
         yield client
 
 
@@ -54,7 +54,7 @@ async def local_client(local_root: Path) -> AsyncIterator[orchard.Client]:
 async def client(request: pytest.FixtureRequest, local_root: Path) -> AsyncIterator[orchard.Client]:
     """A Client on each backend the generic tests run on."""
     if request.param == "local":
-        config = orchard.LocalConfig(root=str(local_root))
+        config = orchard.LocalConfig(root=str(local_root), isolation="none")
     elif request.param == "local-bwrap":
         config = orchard.LocalConfig(root=str(local_root), isolation="bwrap")
     else:

@@ -89,7 +89,7 @@ async def test_a_relative_workdir_is_a_config_error(local_client: orchard.Client
 
 @pytest.mark.parametrize(("python", "reason"), [("/no/such/python", "spawn"), ("/bin/false", "exited")])
 async def test_an_executor_that_cannot_start_is_a_start_error(local_root: Path, python: str, reason: str) -> None:
-    async with orchard.Client(orchard.LocalConfig(root=str(local_root), python=python)) as client:
+    async with orchard.Client(orchard.LocalConfig(root=str(local_root), python=python, isolation="none")) as client:
         with pytest.raises(errors.SandboxStartError) as info:
             await client.create()
     assert info.value.reason == reason
@@ -137,7 +137,7 @@ async def test_an_exception_in_the_block_still_deletes_the_sandbox(
 
 
 async def test_closing_the_client_deletes_sandboxes_left_open(local_root: Path) -> None:
-    client = orchard.Client(orchard.LocalConfig(root=str(local_root)))
+    client = orchard.Client(orchard.LocalConfig(root=str(local_root), isolation="none"))
     sandboxes = [await client.create() for _ in range(3)]
     pids = [(await sb.info()).pid for sb in sandboxes]
     assert len(leftovers(local_root)) == 3
@@ -153,7 +153,7 @@ import asyncio, sys
 import orchard
 
 async def main():
-    client = orchard.Client(orchard.LocalConfig(root=sys.argv[1]))
+    client = orchard.Client(orchard.LocalConfig(root=sys.argv[1], isolation="none"))
     sb = await client.create()
     info = await sb.info()
     p = await sb.start_process("sleep 300")

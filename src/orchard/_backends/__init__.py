@@ -21,7 +21,7 @@ class LocalConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fiel
     #: "bwrap": run each sandbox under bubblewrap (read-only host, private /tmp,
     #: its own user, pid, ipc and uts namespaces); "none": plain child processes;
     #: "auto": bwrap when it is installed and works.
-    isolation: Literal["auto", "bwrap", "none"] = "none"
+    isolation: Literal["auto", "bwrap", "none"] = "auto"
 
 
 class KubernetesConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True, tag="kubernetes"):
