@@ -43,6 +43,9 @@ if __name__ == "__main__":
     unittest.main()
 """
 
+# -B everywhere: the fix keeps calc.py's size and lands within the second of its
+# compiled copy, so a cached .pyc would still look fresh and the rerun would
+# test the old code (the classic trap for agents that edit and rerun quickly).
 OPS = ("create", "write", "run", "test_fail", "fix", "test_pass", "read", "delete")
 
 
@@ -108,13 +111,13 @@ async def rollout(client: Client, rec: Recorder, image: str) -> None:
             await sb.write_file("test_calc.py", TEST)
 
         await rec.time("write", write)
-        r = await rec.time("run", lambda: sb.exec("python3 -c 'import calc; print(calc.add(2, 3))'", timeout=60))
+        r = await rec.time("run", lambda: sb.exec("python3 -B -c 'import calc; print(calc.add(2, 3))'", timeout=60))
         _check(r.exit_code == 0 and r.stdout.strip() == "-1", f"run: {r.exit_code} {r.stdout!r} {r.stderr[-300:]!r}")
-        r = await rec.time("test_fail", lambda: sb.exec("python3 -m unittest -q test_calc", timeout=60))
+        r = await rec.time("test_fail", lambda: sb.exec("python3 -B -m unittest -q test_calc", timeout=60))
         _check(r.exit_code == 1 and "FAILED" in r.stderr, f"the buggy test should fail: {r.stderr[-300:]!r}")
         r = await rec.time("fix", lambda: sb.exec("sed -i 's/return a - b/return a + b/' calc.py", timeout=60))
         _check(r.exit_code == 0, f"fix: {r.stderr!r}")
-        r = await rec.time("test_pass", lambda: sb.exec("python3 -m unittest -q test_calc", timeout=60))
+        r = await rec.time("test_pass", lambda: sb.exec("python3 -B -m unittest -q test_calc", timeout=60))
         _check(r.exit_code == 0 and "OK" in r.stderr, f"the fixed test should pass: {r.stderr[-300:]!r}")
         fixed = await rec.time("read", lambda: sb.read_file("calc.py"))
         _check(b"return a + b" in fixed, "calc.py should hold the fix")
