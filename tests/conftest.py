@@ -64,12 +64,27 @@ async def client(request: pytest.FixtureRequest, local_root: Path) -> AsyncItera
 
 
 @pytest.fixture
-async def sandbox(client: orchard.Client, request: pytest.FixtureRequest) -> AsyncIterator[SandboxFactory]:
+def generic_image() -> tuple[str, dict[str, Any]]:
+    """The image (and spec) that ``"local"``, the generic tests' image, means on this backend.
+
+    Container backends override it with a task image and an empty working
+    directory, which is what the generic tests expect to start in.
+    """
+    return "local", {}
+
+
+@pytest.fixture
+async def sandbox(
+    client: orchard.Client, request: pytest.FixtureRequest, generic_image: tuple[str, dict[str, Any]]
+) -> AsyncIterator[SandboxFactory]:
     """A factory of sandboxes: ``sb = await sandbox(**spec)``; all are deleted after the test."""
     created: list[orchard.Sandbox] = []
     request.node.stash[SANDBOXES] = created
 
     async def make(image: str = "local", **spec: Any) -> orchard.Sandbox:
+        if image == "local":
+            image, defaults = generic_image
+            spec = defaults | spec
         sb = await client.create(image, **spec)
         created.append(sb)
         return sb

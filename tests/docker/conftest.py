@@ -11,16 +11,13 @@ the docker backend, in the SWE-style Debian image.
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from docker_support import IMAGES, INJECTOR, SOCKET, SWE, WORKDIR, SandboxFactory, engine, executor_source_hash
+from docker_support import IMAGES, INJECTOR, SOCKET, SWE, WORKDIR, engine, executor_source_hash
 
 import orchard
-
-CREATED = pytest.StashKey[list[orchard.Sandbox]]()
 
 
 @pytest.fixture(scope="session")
@@ -50,16 +47,6 @@ def _require_docker(request: pytest.FixtureRequest) -> None:
         request.getfixturevalue("docker_ready")
 
 
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
-    report = yield
-    created = item.stash.get(CREATED, [])
-    if report.failed and created:  # type: ignore[attr-defined]
-        lines = [f"container {sb.id} image={sb.image!r}" for sb in created]
-        report.sections.append(("orchard docker sandboxes", "\n".join(lines)))  # type: ignore[attr-defined]
-    return report  # type: ignore[no-any-return]
-
-
 @pytest.fixture
 async def client(docker_ready: str) -> AsyncIterator[orchard.Client]:
     """A Client on the docker backend."""
@@ -68,28 +55,7 @@ async def client(docker_ready: str) -> AsyncIterator[orchard.Client]:
 
 
 @pytest.fixture
-async def sandbox(client: orchard.Client, request: pytest.FixtureRequest) -> AsyncIterator[SandboxFactory]:
-    """A factory of sandboxes (``"local"``, the generic tests' image, means the SWE-style Debian image).
-
-    Every sandbox it made is removed after the test.
-    """
-    created: list[orchard.Sandbox] = []
-    request.node.stash[CREATED] = created
-
-    async def make(image: str = "local", **spec: Any) -> orchard.Sandbox:
-        if image == "local":
-            # A generic test: it expects to start in an empty working directory, as the
-            # local backend gives it (the task image's own, /testbed, holds its repository).
-            image = SWE
-            spec.setdefault("workdir", WORKDIR)
-        sb = await client.create(image, **spec)
-        created.append(sb)
-        return sb
-
-    try:
-        yield make
-    finally:
-        results = await asyncio.gather(*(sb.aclose() for sb in created), return_exceptions=True)
-        errors = [r for r in results if isinstance(r, BaseException)]
-        if errors:
-            raise errors[0]
+def generic_image() -> tuple[str, dict[str, Any]]:
+    """The generic tests run in the SWE-style Debian image, in an empty working directory."""
+    # The task image's own directory, /testbed, holds its repository.
+    return SWE, {"workdir": WORKDIR}
