@@ -23,7 +23,7 @@ import contextlib
 import os
 import signal
 
-from .runner import TRACKED
+from .runner import TRACKED, parents
 
 #: Seconds between sweeps when no SIGCHLD arrives.
 SWEEP_INTERVAL = 5.0
@@ -41,17 +41,7 @@ def children(pid: int) -> set[int]:
         pass  # a kernel without CONFIG_PROC_CHILDREN: scan every process
     except OSError:
         return found
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        # The command name may hold spaces and parentheses: split after the last ')'.
-        if int(stat[stat.rfind(b")") + 2 :].split()[1]) == pid:
-            found.add(int(entry))
+    found.update(child for child, parent in parents().items() if parent == pid)
     return found
 
 

@@ -61,13 +61,13 @@ class OutputBuffer:
         return bytes(self._head + self._tail)
 
 
-def descendants(pid: int) -> list[int]:
-    """Every live descendant of ``pid``, found through /proc."""
-    children: dict[int, list[int]] = {}
+def parents() -> dict[int, int]:
+    """The parent pid of every process in /proc."""
+    found: dict[int, int] = {}
     try:
         entries = os.listdir("/proc")
     except OSError:
-        return []
+        return found
     for entry in entries:
         if not entry.isdigit():
             continue
@@ -77,8 +77,15 @@ def descendants(pid: int) -> list[int]:
         except OSError:
             continue
         # The command name may hold spaces and parentheses: split after the last ')'.
-        fields = stat[stat.rfind(b")") + 2 :].split()
-        children.setdefault(int(fields[1]), []).append(int(entry))
+        found[int(entry)] = int(stat[stat.rfind(b")") + 2 :].split()[1])
+    return found
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live descendant of ``pid``, found through /proc."""
+    children: dict[int, list[int]] = {}
+    for child, parent in parents().items():
+        children.setdefault(parent, []).append(child)
     found: list[int] = []
     stack = [pid]
     while stack:
