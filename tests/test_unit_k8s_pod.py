@@ -171,6 +171,14 @@ def test_classify_pending_then_running() -> None:
         ),
         ({"phase": "Failed", "reason": "Evicted", "message": "low on memory"}, "Evicted"),
         ({"phase": "Failed", "reason": "DeadlineExceeded"}, "DeadlineExceeded"),
+        (
+            {
+                "phase": "Failed",
+                "reason": "DeadlineExceeded",
+                "containerStatuses": [{"state": {"terminated": {"exitCode": 0, "reason": "Completed"}}}],
+            },
+            "DeadlineExceeded",
+        ),
     ],
 )
 def test_classify_failures(status: dict[str, Any], reason: str) -> None:

@@ -18,7 +18,7 @@ from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio.client.api_client import ApiClient
 
 import orchard
-from orchard._backends.kubernetes import collect_garbage, list_sandboxes
+from orchard._backends.kubernetes import collect_garbage, list_sandboxes, setup
 from orchard.errors import SandboxLost, SandboxStartError
 
 pytestmark = pytest.mark.k8s
@@ -274,3 +274,37 @@ async def test_closing_the_client_deletes_its_pods(kubeconfig: str, k8s_namespac
     assert len(await pods(k8s_api, k8s_namespace)) == 2
     await c.aclose()
     await wait_no_pods(k8s_api, k8s_namespace)
+
+
+async def test_ttl_ends_the_pod_with_deadline_exceeded(kclient: orchard.Client) -> None:
+    async with kclient.sandbox(BUSYBOX, ttl=3) as sb:
+        assert (await sb.exec(["true"])).exit_code == 0
+        with pytest.raises(SandboxLost) as info:
+            await until_lost(sb)
+    assert info.value.reason == "DeadlineExceeded"
+
+
+async def test_k8s_setup_writes_the_role_and_network_policies(
+    kubeconfig: str, k8s_namespace: str, k8s_api: ApiClient
+) -> None:
+    cfg = config(kubeconfig, k8s_namespace)
+    for _ in range(2):  # a second run replaces what the first wrote
+        written = await setup(cfg, service_account="trainer")
+    assert [o["kind"] for o in written] == ["Role", "RoleBinding", "NetworkPolicy", "NetworkPolicy"]
+    role = await k8s.RbacAuthorizationV1Api(k8s_api).read_namespaced_role("orchard-client", k8s_namespace)
+    resources = {r for rule in role.rules for r in rule.resources}
+    assert resources == {"pods", "pods/portforward", "leases"}
+    binding = await k8s.RbacAuthorizationV1Api(k8s_api).read_namespaced_role_binding(
+        "orchard-client-trainer", k8s_namespace
+    )
+    assert binding.subjects[0].name == "trainer"
+    policies = await k8s.NetworkingV1Api(k8s_api).list_namespaced_network_policy(k8s_namespace)
+    by_name = {p.metadata.name: p.spec for p in policies.items}
+    assert not by_name["orchard-sandboxes"].egress  # Egress in policy_types with no rule: deny all
+    assert by_name["orchard-sandboxes"].policy_types == ["Ingress", "Egress"]
+    assert by_name["orchard-sandboxes"].ingress[0].ports[0].port == 8750
+    assert by_name["orchard-sandbox-egress"].pod_selector.match_labels["orchard.dev/network"] == "on"
+    # A sandbox's network label says which policy lets it out.
+    async with orchard.Client(cfg) as c, c.sandbox(BUSYBOX, network=True) as sb:
+        pod = await k8s.CoreV1Api(k8s_api).read_namespaced_pod(sb.id, k8s_namespace)
+        assert pod.metadata.labels["orchard.dev/network"] == "on"

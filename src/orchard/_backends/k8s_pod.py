@@ -199,6 +199,8 @@ def classify(pod: Pod) -> Phase:
     if pod.metadata.deletion_timestamp:
         return failed("Deleted", "the pod is being deleted")
     if status.phase in ("Failed", "Succeeded"):
+        if status.reason:  # the pod's own reason (Evicted, DeadlineExceeded) says more than its container's
+            return failed(status.reason, status.message or f"the pod is {status.phase}")
         for cs in status.container_statuses:
             t = cs.state.terminated
             if t is not None:
