@@ -57,10 +57,19 @@ def _tail(path: str, limit: int = 2000) -> str:
         return ""
 
 
-def _bwrap_argv(bwrap: str, directory: str, workdir: str) -> list[str]:
-    """Bubblewrap options: the host read-only, the sandbox's own directories writable."""
+def _bwrap_argv(bwrap: str, directory: str, workdir: str, runtime: list[str]) -> list[str]:
+    """Bubblewrap options: the host read-only, a private /tmp, the sandbox's own directories writable.
+
+    ``runtime`` lists what the executor itself needs (the interpreter, its
+    prefix, its import paths); those under /tmp are bound back read-only
+    over the private /tmp, so a virtualenv there still works.
+    """
+    tmp = tempfile.gettempdir()
     argv = [bwrap, "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
-    argv += ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
+    argv += ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", tmp]
+    for path in sorted({p for p in runtime if p == tmp or p.startswith(tmp + os.sep)}):
+        if os.path.exists(path):
+            argv += ["--ro-bind", path, path]
     argv += ["--bind", directory, directory]
     if not workdir.startswith(directory + os.sep):
         argv += ["--bind", workdir, workdir]
@@ -156,7 +165,11 @@ class LocalBackend:
     def __init__(self, config: LocalConfig) -> None:
         self._python = config.python or sys.executable
         self._root = config.root or os.path.join(tempfile.gettempdir(), f"orchard-{os.getuid()}")
-        self._launch = _LAUNCH.format(paths=_import_paths())
+        paths = _import_paths()
+        self._launch = _LAUNCH.format(paths=paths)
+        python = os.path.realpath(self._python)
+        #: What the executor needs to start: the interpreter, its prefixes and import paths.
+        self._runtime = [os.path.dirname(self._python), os.path.dirname(python), sys.prefix, sys.base_prefix, *paths]
         self._bwrap = _find_bwrap(config.isolation)
 
     def _environment(self, spec: SandboxSpec, workdir: str, tmp: str) -> dict[str, str]:
@@ -193,7 +206,7 @@ class LocalBackend:
             raise ConfigError(f"workdir={spec.workdir!r} cannot be created: {exc}") from exc
         ready_r, ready_w = os.pipe()
         argv = [
-            *(_bwrap_argv(self._bwrap, directory, workdir) if self._bwrap else []),
+            *(_bwrap_argv(self._bwrap, directory, workdir, self._runtime) if self._bwrap else []),
             self._python,
             "-I",
             "-c",
