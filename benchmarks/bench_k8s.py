@@ -103,7 +103,7 @@ async def startup(cfg: orchard.KubernetesConfig, n: int) -> dict[str, Any]:
     async with orchard.Client(cfg) as c:
 
         async def one() -> None:
-            async with c.sandbox(IMAGE, cpu="10m", memory="64Mi") as sb:
+            async with c.sandbox(IMAGE, memory="64Mi") as sb:
                 for name, value in sb.timings.items():
                     phases.setdefault(name, []).append(value)
 

@@ -89,10 +89,10 @@ def main() -> None:
         if not path.exists():
             continue
         table = render(json.loads(path.read_text()))
-        pattern = re.compile(rf"(<!-- perf:{name} -->\n).*?(\n<!-- /perf:{name} -->)", re.S)
+        pattern = re.compile(rf"(<!-- perf:{name} -->\n).*?(<!-- /perf:{name} -->)", re.S)
         if not pattern.search(text):
             raise SystemExit(f"README.md has no <!-- perf:{name} --> markers")
-        text = pattern.sub(lambda m, table=table: m.group(1) + table + m.group(2), text)
+        text = pattern.sub(lambda m, table=table: m.group(1) + table + "\n" + m.group(2), text)
     readme.write_text(text)
 
 
