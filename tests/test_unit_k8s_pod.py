@@ -195,3 +195,16 @@ def test_classify_deleting() -> None:
 def test_a_waiting_container_that_may_recover_is_still_pending() -> None:
     phase = classify(pod({"containerStatuses": [{"state": {"waiting": {"reason": "ContainerCreating"}}}]}))
     assert phase.state == "pending"
+
+
+def test_classify_evicted_through_the_eviction_api() -> None:
+    evicting = pod(
+        {
+            "phase": "Running",
+            "conditions": [{"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"}],
+        },
+        metadata={"deletionTimestamp": "2026-01-01T00:00:00Z"},
+    )
+    phase = classify(evicting)
+    assert (phase.state, phase.reason) == ("failed", "Evicted")
+    assert "EvictionByEvictionAPI" in phase.message

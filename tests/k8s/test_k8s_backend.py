@@ -161,6 +161,19 @@ async def test_pod_deleted_under_a_running_exec(
     assert info.value.reason in ("Deleted", "Error", "Completed")
 
 
+async def test_pod_evicted_under_a_running_exec(
+    kclient: orchard.Client, k8s_api: ApiClient, k8s_namespace: str
+) -> None:
+    async with kclient.sandbox(BUSYBOX) as sb:
+        running = asyncio.create_task(sb.exec("sleep 120"))
+        await asyncio.sleep(1)
+        eviction = k8s.V1Eviction(metadata=k8s.V1ObjectMeta(name=sb.id, namespace=k8s_namespace))
+        await k8s.CoreV1Api(k8s_api).create_namespaced_pod_eviction(sb.id, k8s_namespace, eviction)
+        with pytest.raises(SandboxLost) as info:
+            await running
+    assert info.value.reason == "Evicted"
+
+
 async def test_executor_gone(kclient: orchard.Client) -> None:
     async with kclient.sandbox(BUSYBOX) as sb:
         await sb.exec("kill -TERM 1")

@@ -197,6 +197,10 @@ def classify(pod: Pod) -> Phase:
         return Phase("failed", reason, message, status.pod_ip, scheduled, initialized)
 
     if pod.metadata.deletion_timestamp:
+        disruption = _condition(pod, "DisruptionTarget")
+        if disruption is not None and disruption.status == "True":
+            # Evicted by the Eviction API, by node pressure or preempted: not deleted by its owner.
+            return failed("Evicted", f"{disruption.reason}: {disruption.message or 'the pod was evicted'}")
         return failed("Deleted", "the pod is being deleted")
     if status.phase in ("Failed", "Succeeded"):
         if status.reason:  # the pod's own reason (Evicted, DeadlineExceeded) says more than its container's
