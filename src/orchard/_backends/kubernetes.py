@@ -137,7 +137,7 @@ class KubernetesBackend:
 
     name = "kubernetes"
 
-    def __init__(self, config: KubernetesConfig, *, session_id: str, http: aiohttp.ClientSession) -> None:
+    def __init__(self, config: KubernetesConfig, *, session_id: str, http: aiohttp.ClientSession | None = None) -> None:
         self.config = config
         self.session_id = session_id
         self._http = http
@@ -179,6 +179,12 @@ class KubernetesBackend:
         self._coord = client.CoordinationV1Api(self._api)
         self._ws_api = WsApiClient(configuration=cfg)
         self._ws_core = client.CoreV1Api(self._ws_api)
+
+    @property
+    def _pool(self) -> aiohttp.ClientSession:
+        """The client's HTTP pool (maintenance commands like gc are built without one)."""
+        assert self._http is not None, "starting sandboxes needs the Client's HTTP session"
+        return self._http
 
     async def _connect(self) -> None:
         async with self._lock:
@@ -343,7 +349,7 @@ class KubernetesBackend:
         deadline = time.monotonic() + within
         while time.monotonic() < deadline:
             try:
-                async with self._http.get(f"{base_url}/healthz", timeout=aiohttp.ClientTimeout(total=0.5)) as resp:
+                async with self._pool.get(f"{base_url}/healthz", timeout=aiohttp.ClientTimeout(total=0.5)) as resp:
                     return resp.status == 200
             except aiohttp.ClientConnectorError as exc:
                 if isinstance(exc.os_error, ConnectionRefusedError):
@@ -402,7 +408,7 @@ class KubernetesBackend:
                     reason=phase.reason,
                 )
             with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):
-                async with self._http.get(f"{base_url}/healthz", timeout=aiohttp.ClientTimeout(total=1.0)) as resp:
+                async with self._pool.get(f"{base_url}/healthz", timeout=aiohttp.ClientTimeout(total=1.0)) as resp:
                     if resp.status == 200:
                         tracked.mark("executor_ready")
                         return
@@ -453,16 +459,9 @@ class KubernetesBackend:
             self._api = None
 
 
-class _Inventory:
-    """Every Orchard pod and session Lease in a namespace."""
-
-    def __init__(self, pods: list[Pod], leases: list[Lease]) -> None:
-        self.pods = pods
-        self.leases = leases
-
-
-async def _inventory(config: KubernetesConfig) -> tuple[Any, _Inventory]:
-    backend = KubernetesBackend(config, session_id="gc", http=None)  # type: ignore[arg-type]
+async def _inventory(config: KubernetesConfig) -> tuple[KubernetesBackend, list[Pod], list[Lease], set[str]]:
+    """Every Orchard pod and session Lease in the namespace, and the sessions still alive."""
+    backend = KubernetesBackend(config, session_id="gc")
     await backend._load()
     selector = f"{MANAGED_BY}=orchard"
     pods = _POD_LIST.decode(
@@ -478,15 +477,16 @@ async def _inventory(config: KubernetesConfig) -> tuple[Any, _Inventory]:
         ).read(),
         type=LeaseList,
     ).items
-    return backend, _Inventory(pods, leases)
+    now = time.time()
+    live = {lease.metadata.labels.get(SESSION_LABEL, "") for lease in leases if lease.alive(now)}
+    return backend, pods, leases, live
 
 
 async def list_sandboxes(config: KubernetesConfig) -> list[dict[str, str]]:
     """One row per Orchard pod in the namespace: name, session, phase, image, gc verdict."""
-    backend, inv = await _inventory(config)
+    backend, pods, _, live = await _inventory(config)
     try:
         now = time.time()
-        live = {lease.metadata.labels.get(SESSION_LABEL, "") for lease in inv.leases if lease.alive(now)}
         return [
             {
                 "name": pod.metadata.name,
@@ -496,7 +496,7 @@ async def list_sandboxes(config: KubernetesConfig) -> list[dict[str, str]]:
                 "created": pod.metadata.creation_timestamp or "",
                 "gc": garbage_reason(pod, now, live) or "",
             }
-            for pod in inv.pods
+            for pod in pods
         ]
     finally:
         await backend._close_api()
@@ -507,12 +507,11 @@ async def collect_garbage(config: KubernetesConfig, *, dry_run: bool = False) ->
 
     Returns (name, reason) for everything deleted (or that would be, with ``dry_run``).
     """
-    backend, inv = await _inventory(config)
+    backend, pods, leases, live = await _inventory(config)
     try:
         now = time.time()
-        live = {lease.metadata.labels.get(SESSION_LABEL, "") for lease in inv.leases if lease.alive(now)}
-        doomed = [(pod.metadata.name, why) for pod in inv.pods if (why := garbage_reason(pod, now, live))]
-        dead = [(lease.metadata.name, "session lease expired") for lease in inv.leases if not lease.alive(now)]
+        doomed = [(pod.metadata.name, why) for pod in pods if (why := garbage_reason(pod, now, live))]
+        dead = [(lease.metadata.name, "session lease expired") for lease in leases if not lease.alive(now)]
         if not dry_run:
             for name, _ in doomed:
                 await backend.delete_pod(name)
@@ -538,7 +537,7 @@ async def setup(
         return objects
     from kubernetes_asyncio import client
 
-    backend = KubernetesBackend(config, session_id="setup", http=None)  # type: ignore[arg-type]
+    backend = KubernetesBackend(config, session_id="setup")
     await backend._load()
     rbac = client.RbacAuthorizationV1Api(backend._api)
     net = client.NetworkingV1Api(backend._api)
