@@ -209,6 +209,19 @@ async def test_port_forward_transport(kubeconfig: str, k8s_namespace: str) -> No
         assert [r.stdout for r in results] == [f"{i}\n" for i in range(20)]
 
 
+async def test_port_forward_holds_more_tunnels_than_the_api_clients_pool(kubeconfig: str, k8s_namespace: str) -> None:
+    # Every connection to a port-forwarded sandbox is a websocket of its own, kept
+    # open while the connection idles in the pool: 120 at once must not queue
+    # behind a pool limit (kubernetes_asyncio's default is 100) until one closes.
+    cfg = config(kubeconfig, k8s_namespace, transport="port-forward")
+    async with orchard.Client(cfg) as c, c.sandbox(BUSYBOX) as sb:
+        for _ in range(2):  # the second round reuses the now idle tunnels
+            results = await asyncio.wait_for(
+                asyncio.gather(*(sb.exec(["sh", "-c", f"sleep 1; echo {i}"]) for i in range(120))), timeout=25
+            )
+            assert [r.stdout for r in results] == [f"{i}\n" for i in range(120)]
+
+
 CLIENT = textwrap.dedent(
     """
     import asyncio, sys, orchard

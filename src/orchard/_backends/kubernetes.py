@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import datetime
 import logging
 import time
@@ -177,7 +178,12 @@ class KubernetesBackend:
         self._api = client.ApiClient(configuration=cfg)
         self._core = client.CoreV1Api(self._api)
         self._coord = client.CoordinationV1Api(self._api)
-        self._ws_api = WsApiClient(configuration=cfg)
+        # Each port-forwarded connection holds one websocket for its whole life, so a
+        # pool limit (the library's default is 100) would stall the next connection
+        # until an idle one closes. Plain API calls keep the limit.
+        ws_cfg = copy.copy(cfg)
+        ws_cfg.connection_pool_maxsize = 0
+        self._ws_api = WsApiClient(configuration=ws_cfg)
         self._ws_core = client.CoreV1Api(self._ws_api)
 
     @property
