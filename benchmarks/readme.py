@@ -1,4 +1,4 @@
-"""Regenerate README's performance tables from the JSON results.
+"""Regenerate README's performance tables and the PNG plots from the JSON results.
 
     python benchmarks/readme.py      # after a benchmark wrote benchmarks/results/*.json
 
@@ -47,29 +47,12 @@ def local(r: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
-def k8s(r: dict[str, Any]) -> str:
-    e = r["exec"]
+def startup(r: dict[str, Any]) -> str:
     rows = [
-        f"Measured by `python benchmarks/bench_k8s.py --json benchmarks/results/k8s.json` on the dev cluster "
-        f"({r['machine']['cpus']} cores, load average {r['machine']['load_before'][0]:.2f} at start), "
-        "all paths on the same pod in the same run.",
+        f"Measured by `python benchmarks/bench_startup.py` on the dev cluster ({machine(r)}); "
+        "phases are ms since the create call.",
         "",
-        "| exec round trip of `true` | p50 ms | p99 ms | n |",
-        "| --- | ---: | ---: | ---: |",
-    ]
-    for name, key in (
-        ("orchard, straight to the pod IP", "pod_ip"),
-        ("API-server exec (kubernetes_asyncio websocket)", "api_server_exec"),
-        ("`kubectl exec`", "kubectl_exec"),
-    ):
-        v = e[key]
-        rows.append(f"| {name} | {v['p50_ms']:.2f} | {v['p99_ms']:.2f} | {v['n']} |")
-    rows += [
-        "",
-        f"Pod IP vs API-server exec at p50: **{e['speedup_p50_vs_api_exec']:.0f}x** faster; "
-        f"vs `kubectl exec`: **{e['speedup_p50_vs_kubectl']:.0f}x** (target ≥ 20x).",
-        "",
-        "| create to ready, N concurrent | wall s | phase p50 / max, ms since the create call | API writes per sandbox |",
+        "| create to ready, N concurrent | wall s | phase p50 / max, ms | API writes per sandbox |",
         "| --- | ---: | --- | ---: |",
     ]
     for s in r["startup"]:
@@ -78,10 +61,183 @@ def k8s(r: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
-TABLES: dict[str, Callable[[dict[str, Any]], str]] = {"local": local, "k8s": k8s}
+def machine(r: dict[str, Any]) -> str:
+    m = r.get("machine", {})
+    load = m.get("load_before") or m.get("load")
+    return f"{m.get('cpus', '?')} cores" + (f", load average {load[0]:.2f} at start" if load else "")
+
+
+def executor(r: dict[str, Any]) -> str:
+    return "\n".join(
+        [
+            f"Measured by `python images/executor/measure_bundle.py` ({machine(r)}): the runtime the init "
+            "container injects, started as PID 1 of a busybox container.",
+            "",
+            "| injected executor | measured | target |",
+            "| --- | ---: | ---: |",
+            f"| bundle on disk | {r['bundle_mb']:.1f} MB | ≤ 60 MB |",
+            f"| start to ready, spawn to ready line, p50 / max | {r['start_to_ready_host_ms']['p50']:.0f} / "
+            f"{r['start_to_ready_host_ms']['max']:.0f} ms | ≤ 300 ms |",
+            f"| start to ready in a container, engine start to /healthz, p50 | "
+            f"{r['start_to_ready_docker_ms']['p50']:.0f} ms | |",
+            f"| idle RSS after 200 execs | {r['idle_rss_mb']:.1f} MB | ≤ 30 MB |",
+        ]
+    )
+
+
+def _run_row(label: str, x: dict[str, Any]) -> str:
+    p = x["phases_ms"]
+    return (
+        f"| {label} | {x['n']} | {x['success_rate'] * 100:.0f}% | {x['wall_s']:.1f} | {x['commands_per_s']:.0f} | "
+        f"{p['create']['p50']:.0f} / {p['create']['p99']:.0f} | {p['command']['p50']:.1f} / {p['command']['p99']:.1f} | "
+        f"{p['delete']['p50']:.0f} | {x['client_cpu_s']:.2f} | {x['client_peak_rss_mb']:.0f} | {x['left_over']} |"
+    )
+
+
+RUN_HEADER = [
+    "| backend | N | success | wall s | commands/s | create p50 / p99 ms | command p50 / p99 ms | delete p50 ms "
+    "| client CPU s | client peak RSS MB | left over |",
+    "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+]
+
+
+def lifecycle(r: dict[str, Any]) -> str:
+    rows = [
+        "Measured by `python benchmarks/run.py --only lifecycle` (`bench_lifecycle.py`): N sandboxes at once "
+        "from one Client, each create, `python -c 'import sys; print(sys.version)'`, `ls /`, "
+        "`cat /etc/os-release | head -1` twice, delete. Image `orchard-test/swe` (Debian with python3) on "
+        "kubernetes and docker; the host itself on local. The largest N is as many as the node holds: its free pod slots, and memory for 64 MiB each.",
+        "",
+        *RUN_HEADER,
+    ]
+    for backend in ("kubernetes", "docker", "local"):
+        rows += [_run_row(backend, x) for x in r.get(backend, [])]
+    return "\n".join(rows)
+
+
+def scale(r: dict[str, Any]) -> str:
+    rows = [
+        f"Measured by `python benchmarks/bench_scale.py` on {r['fake_nodes']} KWOK {r['kwok']} fake nodes against "
+        f"the dev cluster's real API server, scheduler and etcd ({machine(r)}); one real executor on this host "
+        "answers at every fake pod IP and runs every command. Reference: 1,000 sandboxes through the same protocol "
+        "in 26 s (154 commands/s).",
+        "",
+        *RUN_HEADER,
+    ]
+    rows += [_run_row("kubernetes (KWOK)", x) for x in r["runs"]]
+    rows += [
+        "",
+        "| N | API requests, all clients | client's own: create / delete / other | CPU s: API server / KWOK / "
+        "executor and its commands |",
+        "| ---: | ---: | ---: | ---: |",
+    ]
+    for x in r["runs"]:
+        own = x["api_requests"]
+        other = sum(v for k, v in own.items() if k not in ("create", "delete"))
+        cpu = x["cpu_s"]
+        rows.append(
+            f"| {x['n']} | {x['apiserver_requests']['total']} | {own.get('create', 0)} / {own.get('delete', 0)} / "
+            f"{other} | {cpu['apiserver']:.0f} / {cpu['kwok']:.0f} / {cpu['executor']:.0f} |"
+        )
+    return "\n".join(rows)
+
+
+def suite(r: dict[str, Any]) -> str:
+    parts = ", ".join(f"{k} {v / 60:.1f}" for k, v in r.get("parts_s", {}).items())
+    total = f"{r['total_s'] / 60:.1f} min in all" if "total_s" in r else ""
+    return f"Last full run of `scripts/bench`: {total} (minutes per part: {parts})."
+
+
+def _exec(r: dict[str, Any]) -> str:
+    import bench_exec
+
+    return str(bench_exec.markdown(r))
+
+
+TABLES: dict[str, Callable[[dict[str, Any]], str]] = {
+    "local": local,
+    "executor": executor,
+    "exec": _exec,
+    "startup": startup,
+    "lifecycle": lifecycle,
+    "scale": scale,
+    "suite": suite,
+}
+
+
+def plot_lifecycle(r: dict[str, Any], out: Path) -> list[Path]:
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    for backend in ("kubernetes", "docker", "local"):
+        runs = r.get(backend, [])
+        if not runs:
+            continue
+        ns = [x["n"] for x in runs]
+        ax1.plot(ns, [x["wall_s"] for x in runs], marker="o", label=backend)
+        ax2.plot(ns, [x["commands_per_s"] for x in runs], marker="o", label=backend)
+    for ax, title in ((ax1, "wall time, s"), (ax2, "commands/s")):
+        ax.set_xscale("log")
+        ax.set_xlabel("sandboxes at once (N)")
+        ax.set_title(f"lifecycle protocol: {title}")
+        ax.grid(True, alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    path = out / "lifecycle.png"
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return [path]
+
+
+def plot_scale(r: dict[str, Any], out: Path) -> list[Path]:
+    import matplotlib.pyplot as plt
+
+    runs = r["runs"]
+    ns = [x["n"] for x in runs]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    ax1.plot(ns, [x["wall_s"] for x in runs], marker="o", label="Orchard on KWOK (this machine)")
+    ax1.plot([1000], [26], marker="*", markersize=12, linestyle="none", label="reference: 1,000 in 26 s")
+    ax1.set_title("lifecycle protocol: wall time, s")
+    ax2.plot(ns, [x["client_cpu_s"] for x in runs], marker="o", label="client CPU, s")
+    ax2.plot(ns, [x["cpu_s"]["apiserver"] for x in runs], marker="o", label="API server CPU, s")
+    ax2.plot(ns, [x["cpu_s"]["executor"] for x in runs], marker="o", label="executor + commands CPU, s")
+    ax2.plot(ns, [x["client_peak_rss_mb"] for x in runs], marker="s", linestyle="--", label="client peak RSS, MB")
+    ax2.set_title("cost against N")
+    for ax in (ax1, ax2):
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("sandboxes at once (N)")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = out / "scale.png"
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return [path]
+
+
+def _plot_exec(r: dict[str, Any], out: Path) -> list[Path]:
+    import bench_exec
+
+    return list(bench_exec.plot(r, out))
+
+
+PLOTS: dict[str, Callable[[dict[str, Any], Path], list[Path]]] = {
+    "exec": _plot_exec,
+    "lifecycle": plot_lifecycle,
+    "scale": plot_scale,
+}
 
 
 def main() -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    for name, draw in PLOTS.items():
+        path = RESULTS / f"{name}.json"
+        if path.exists():
+            for png in draw(json.loads(path.read_text()), RESULTS):
+                print(f"wrote {png.relative_to(ROOT)}")
     readme = ROOT / "README.md"
     text = readme.read_text()
     for name, render in TABLES.items():

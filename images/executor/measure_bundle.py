@@ -118,6 +118,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--image", default="orchard-executor:latest")
     parser.add_argument("--starts", type=int, default=10)
+    parser.add_argument("--json", default=None, help="also write the figures as JSON here")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         asyncio.run(_copy_runtime(args.image, tmp))
@@ -136,6 +137,18 @@ def main() -> None:
         " (engine start call returned -> /healthz answered)"
     )
     print(f"idle RSS (PID 1):        {rss / MB:.1f} MiB ({rss / 1e6:.1f} MB)   budget 30 MB")
+    if args.json:
+        figures = {
+            "machine": {"cpus": os.cpu_count(), "load": os.getloadavg()},
+            "image": args.image,
+            "bundle_mb": size / 1e6,
+            "start_to_ready_host_ms": {"p50": statistics.median(host) * 1000, "max": max(host) * 1000},
+            "start_to_ready_host_cpu_ms": {"p50": statistics.median(cpu) * 1000},
+            "start_to_ready_docker_ms": {"p50": statistics.median(phases) * 1000, "max": max(phases) * 1000},
+            "idle_rss_mb": rss / 1e6,
+        }
+        with open(args.json, "w") as f:
+            json.dump(figures, f, indent=2)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,106 @@
+"""Run the benchmark suite (all of it, or some parts), then regenerate README's tables and plots.
+
+    scripts/bench                            # the documented command: sets up, then runs this
+    python benchmarks/run.py                 # everything, the dev cluster already up
+    python benchmarks/run.py --only exec,scale [--quick]
+
+Parts, each also a script of its own (see its docstring):
+
+- ``local``     bench_local.py: local backend exec vs a bare spawn, executor RSS and start
+- ``executor``  images/executor/measure_bundle.py: the injected runtime's size, start, RSS
+- ``exec``      bench_exec.py: exec latency matrix and file throughput on Kubernetes
+- ``startup``   bench_startup.py: create-to-ready phases at N=1 and N=50
+- ``lifecycle`` bench_lifecycle.py: the published protocol on kubernetes, local and docker
+- ``scale``     bench_scale.py: the protocol at N=1000 and 5000 on KWOK fake nodes
+
+Results go to benchmarks/results/NAME.json, plots to benchmarks/results/*.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+PARTS = ("local", "executor", "exec", "startup", "lifecycle", "scale")
+IMAGE = "orchard-test/swe:latest"  # Debian with python3: the protocol's first command needs it
+
+
+def python(*argv: str) -> None:
+    subprocess.run([sys.executable, *argv], cwd=ROOT, check=True)
+
+
+def lifecycle(kubeconfig: str, quick: bool) -> None:
+    """The protocol on kubernetes at 1, 10, 50 and the node's max; local and docker at the same N."""
+    ns = ["1", "10"] if quick else ["1", "10", "50", "max"]
+    out: dict[str, list[dict[str, object]]] = {}
+    for backend, image in (("kubernetes", IMAGE), ("docker", IMAGE), ("local", "local")):
+        path = RESULTS / f".lifecycle-{backend}.json"
+        argv = ["benchmarks/bench_lifecycle.py", f"--backend={backend}", f"--image={image}", f"--json={path}"]
+        if backend == "kubernetes":
+            argv.append(f"--kubeconfig={kubeconfig}")
+        python(*argv, *(arg for n in ns for arg in ("-n", n)))
+        out[backend] = json.loads(path.read_text())
+        path.unlink()
+        if backend == "kubernetes":  # the others run the same N, "max" included
+            ns = [str(r["n"]) for r in out[backend]]
+    (RESULTS / "lifecycle.json").write_text(json.dumps(out, indent=2))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", default=",".join(PARTS), help=f"comma-separated parts of: {', '.join(PARTS)}")
+    parser.add_argument("--quick", action="store_true", help="small sizes, to check the suite runs")
+    parser.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG", "/var/lib/orchard-devcluster/kubeconfig"))
+    args = parser.parse_args()
+    parts = [p.strip() for p in args.only.split(",") if p.strip()]
+    unknown = sorted(set(parts) - set(PARTS))
+    if unknown:
+        raise SystemExit(f"unknown part(s) {unknown}; choose from {', '.join(PARTS)}")
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    kube = f"--kubeconfig={args.kubeconfig}"
+    timings: dict[str, float] = {}
+    t_suite = time.monotonic()
+    for part in parts:
+        print(f"\n== {part}", flush=True)
+        t0 = time.monotonic()
+        json_out = f"--json={RESULTS / f'{part}.json'}"
+        if part == "local":
+            python("benchmarks/bench_local.py", json_out, *(["--iterations=200"] if args.quick else []))
+        elif part == "executor":
+            python("images/executor/measure_bundle.py", json_out, *(["--starts=3"] if args.quick else []))
+        elif part == "exec":
+            python("benchmarks/bench_exec.py", kube, json_out, *(["--quick"] if args.quick else []))
+        elif part == "startup":
+            python(
+                "benchmarks/bench_startup.py",
+                kube,
+                json_out,
+                *(["--concurrency=1", "--concurrency=5"] if args.quick else []),
+            )
+        elif part == "lifecycle":
+            lifecycle(args.kubeconfig, args.quick)
+        elif part == "scale":
+            sizes = ["-n", "100"] if args.quick else ["-n", "100", "-n", "1000", "-n", "5000"]
+            python("benchmarks/bench_scale.py", kube, json_out, *sizes)
+        timings[part] = time.monotonic() - t0
+        print(f"== {part}: {timings[part]:.0f} s", flush=True)
+    if not args.quick:
+        suite = RESULTS / "suite.json"
+        previous = json.loads(suite.read_text()) if suite.exists() else {}
+        previous.update({"parts_s": {**previous.get("parts_s", {}), **timings}})
+        if set(parts) == set(PARTS):
+            previous["total_s"] = time.monotonic() - t_suite
+        suite.write_text(json.dumps(previous, indent=2))
+        python("benchmarks/readme.py")
+    print(f"\nsuite: {time.monotonic() - t_suite:.0f} s for {', '.join(parts)}")
+
+
+if __name__ == "__main__":
+    main()
