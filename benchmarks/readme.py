@@ -144,8 +144,8 @@ def scale(r: dict[str, Any]) -> str:
 
 def suite(r: dict[str, Any]) -> str:
     parts = ", ".join(f"{k} {v / 60:.1f}" for k, v in r.get("parts_s", {}).items())
-    total = f"{r['total_s'] / 60:.1f} min in all" if "total_s" in r else ""
-    return f"Last full run of `scripts/bench`: {total} (minutes per part: {parts})."
+    total = r["total_s"] if "total_s" in r else sum(r.get("parts_s", {}).values())
+    return f"`scripts/bench` takes {total / 60:.0f} minutes on this machine (minutes per part, last measured: {parts})."
 
 
 def _exec(r: dict[str, Any]) -> str:
