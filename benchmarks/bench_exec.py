@@ -528,22 +528,18 @@ def markdown(result: dict[str, Any]) -> str:
             f"`kubectl exec` of `true`, sequential: p50 {kc['p50_ms']:.0f} ms, p99 {kc['p99_ms']:.0f} ms "
             f"(n = {kc['n']}), {kc['p50_ms'] / lib:.0f}x the pod IP path.",
         ]
-    rows += ["", "p95 / p99 latency in ms, and n:", "", header + " |", "| --- | ---: |" + " ---: |" * len(main_paths)]
-    for command in COMMANDS:
-        for concurrency in CONCURRENCY:
-            values = []
-            for path in main_paths:
-                c = cell(r, command, concurrency, path)
-                values.append(f"{_tail(c, 95)} / {_tail(c, 99)} (n={c['n']})" if c and c.get("n") else "–")
-            rows.append(f"| {cmds[command]} | {concurrency} | " + " | ".join(values) + " |")
-    rows += ["", "Throughput, commands/s:", "", header + " |", "| --- | ---: |" + " ---: |" * len(main_paths)]
-    for command in COMMANDS:
-        for concurrency in CONCURRENCY:
-            values = []
-            for path in main_paths:
-                c = cell(r, command, concurrency, path)
-                values.append(f"{c['throughput_per_s']:.0f}" if c and c.get("n") else "–")
-            rows.append(f"| {cmds[command]} | {concurrency} | " + " | ".join(values) + " |")
+    for title, show in (
+        ("p95 / p99 latency in ms, and n:", lambda c: f"{_tail(c, 95)} / {_tail(c, 99)} (n={c['n']})"),
+        ("Throughput, commands/s:", lambda c: f"{c['throughput_per_s']:.0f}"),
+    ):
+        rows += ["", title, "", header + " |", "| --- | ---: |" + " ---: |" * len(main_paths)]
+        for command in COMMANDS:
+            for concurrency in CONCURRENCY:
+                values = []
+                for path in main_paths:
+                    c = cell(r, command, concurrency, path)
+                    values.append(show(c) if c and c.get("n") else "–")
+                rows.append(f"| {cmds[command]} | {concurrency} | " + " | ".join(values) + " |")
     f = r["files"]
     rows += [
         "",

@@ -165,6 +165,15 @@ TABLES: dict[str, Callable[[dict[str, Any]], str]] = {
 }
 
 
+def _save(fig: Any, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
 def plot_lifecycle(r: dict[str, Any], out: Path) -> list[Path]:
     import matplotlib.pyplot as plt
 
@@ -182,11 +191,7 @@ def plot_lifecycle(r: dict[str, Any], out: Path) -> list[Path]:
         ax.set_title(f"lifecycle protocol: {title}")
         ax.grid(True, alpha=0.3)
         ax.legend()
-    fig.tight_layout()
-    path = out / "lifecycle.png"
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return [path]
+    return [_save(fig, out / "lifecycle.png")]
 
 
 def plot_scale(r: dict[str, Any], out: Path) -> list[Path]:
@@ -209,11 +214,7 @@ def plot_scale(r: dict[str, Any], out: Path) -> list[Path]:
         ax.set_xlabel("sandboxes at once (N)")
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = out / "scale.png"
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return [path]
+    return [_save(fig, out / "scale.png")]
 
 
 def _plot_exec(r: dict[str, Any], out: Path) -> list[Path]:
