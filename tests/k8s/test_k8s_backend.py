@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 import subprocess
@@ -18,7 +19,8 @@ from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio.client.api_client import ApiClient
 
 import orchard
-from orchard._backends.kubernetes import collect_garbage, list_sandboxes, setup
+from orchard._backends.k8s_portforward import PortForward
+from orchard._backends.kubernetes import KubernetesBackend, collect_garbage, list_sandboxes, setup
 from orchard.errors import SandboxLost, SandboxStartError
 
 pytestmark = pytest.mark.k8s
@@ -220,6 +222,36 @@ async def test_port_forward_holds_more_tunnels_than_the_api_clients_pool(kubecon
                 asyncio.gather(*(sb.exec(["sh", "-c", f"sleep 1; echo {i}"]) for i in range(120))), timeout=25
             )
             assert [r.stdout for r in results] == [f"{i}\n" for i in range(120)]
+
+
+async def test_port_forward_refusals_warn_only_once_the_executor_answered(
+    kubeconfig: str, k8s_namespace: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Until the executor listens, each readiness probe's tunnel ends with the API
+    # server's "connection refused": expected while starting (on a loaded node,
+    # hundreds of them), so a debug record; once it has answered, a warning.
+    cfg = config(kubeconfig, k8s_namespace, transport="port-forward")
+    caplog.set_level(logging.DEBUG, logger="orchard.kubernetes")
+    async with orchard.Client(cfg) as c, c.sandbox(BUSYBOX) as sb:
+        backend = c._backend
+        assert isinstance(backend, KubernetesBackend)
+        forward = PortForward(backend._ws_core, k8s_namespace, sb.id, 9)  # nothing listens on port 9
+        base = await forward.start()
+        try:
+            for ready, level in ((False, logging.DEBUG), (True, logging.WARNING)):
+                forward.ready = ready
+                caplog.clear()
+                async with aiohttp.ClientSession() as http:
+                    with pytest.raises(aiohttp.ClientError):
+                        async with http.get(f"{base}/healthz") as resp:
+                            await resp.read()
+                records = [r for r in caplog.records if r.getMessage().startswith(f"port-forward to {sb.id}:9: ")]
+                assert records  # one per attempt: aiohttp tries an idempotent request twice
+                assert {r.levelno for r in records} == {level}
+                assert all("connection refused" in r.getMessage() for r in records)
+        finally:
+            await forward.close()
+        assert (await sb.exec(["echo", "still here"])).stdout == "still here\n"
 
 
 CLIENT = textwrap.dedent(

@@ -34,6 +34,9 @@ class PortForward:
         self._tasks: set[asyncio.Task[None]] = set()
         #: Where the executor client should connect.
         self.base_url = ""
+        #: Set once the executor has answered: until then a refused connection is the
+        #: expected answer to a readiness probe, not worth a warning.
+        self.ready = False
 
     async def start(self) -> str:
         """Listen on a free loopback port; returns the base URL."""
@@ -86,7 +89,8 @@ class PortForward:
             if not payload:
                 continue
             if channel == _ERROR:
-                log.warning("port-forward to %s:%s: %s", self._pod, self._port, payload.decode("utf-8", "replace"))
+                report = log.warning if self.ready else log.debug
+                report("port-forward to %s:%s: %s", self._pod, self._port, payload.decode("utf-8", "replace"))
                 return
             writer.write(payload)
             await writer.drain()
