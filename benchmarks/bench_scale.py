@@ -13,7 +13,10 @@ Each N runs in a fresh child process, so its CPU seconds and peak RSS are the
 client's own. The API server's request counters (from /metrics) and the CPU
 seconds of the API server, KWOK and the executor are read before and after.
 
-    python benchmarks/bench_scale.py --kubeconfig PATH [-n 1000 -n 5000] [--json PATH]
+    python benchmarks/bench_scale.py --kubeconfig PATH [-n 1000 -n 5000] [--json PATH [--append]]
+
+``--append`` adds the runs to those already in the JSON file (a run of the
+same N is replaced): how the N=10,000 run joins the suite's 1,000 and 5,000.
 
 KWOK is built once with ``go install`` into /var/cache/orchard/kwok (about 2
 minutes cold); its stage definitions come from the same module.
@@ -208,8 +211,6 @@ async def child(n: int, kubeconfig: str, max_concurrent_starts: int, token: str)
     orchard._client.secrets = types.SimpleNamespace(  # type: ignore[assignment]
         token_hex=secrets.token_hex, token_urlsafe=lambda nbytes=None: token
     )
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # a connection per pod IP
     config = KubernetesConfig(namespace=NAMESPACE, kubeconfig=kubeconfig, transport="direct", executor_port=PORT)
     result = await run(n, config, IMAGE, SPEC, max_concurrent_starts)
     result["left_over"] = await leftovers(config)
@@ -217,6 +218,13 @@ async def child(n: int, kubeconfig: str, max_concurrent_starts: int, token: str)
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
+    # A connection per pod IP, in the client (a child) and the executor: both inherit this.
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 2 * max(args.n) + 1000:
+        raise SystemExit(
+            f"N={max(args.n)} needs a file descriptor limit above {2 * max(args.n) + 1000}; ulimit -Hn is {hard}"
+        )
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     token = secrets.token_urlsafe(32)
     nodes = -(-max(args.n) // PODS_PER_NODE)
     log_dir = Path(tempfile.mkdtemp(prefix="orchard-scale-logs-"))
@@ -234,6 +242,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             r = run_child(args, n, token)
             after_api = api_requests(args.kubeconfig)
             r["cpu_s"] = {k: cpu_seconds(p) - before_cpu[k] for k, p in pids.items()}
+            r["fake_nodes"] = nodes
             delta = after_api - before_api
             r["apiserver_requests"] = {"total": sum(delta.values()), **dict(delta.most_common(12))}
             out["runs"].append(r)
@@ -259,6 +268,7 @@ if __name__ == "__main__":
     parser.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"))
     parser.add_argument("--max-concurrent-starts", type=int, default=64)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--append", action="store_true", help="add to the runs already in --json")
     parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child is not None:
@@ -269,5 +279,10 @@ if __name__ == "__main__":
         raise SystemExit("--kubeconfig (or $KUBECONFIG) is required: bring the dev cluster up first")
     args.n = args.n or [1000, 5000]
     result = measure(args)
+    if args.json and args.append and Path(args.json).exists():
+        earlier = json.loads(Path(args.json).read_text())
+        kept = [x for x in earlier["runs"] if x["n"] not in args.n]
+        result["runs"] = sorted(kept + result["runs"], key=lambda x: x["n"])
+        result["fake_nodes"] = max(earlier["fake_nodes"], result["fake_nodes"])
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2))

@@ -117,7 +117,8 @@ def lifecycle(r: dict[str, Any]) -> str:
 
 def scale(r: dict[str, Any]) -> str:
     rows = [
-        f"Measured by `python benchmarks/bench_scale.py` on {r['fake_nodes']} KWOK {r['kwok']} fake nodes against "
+        f"Measured by `python benchmarks/bench_scale.py` on up to {r['fake_nodes']} KWOK {r['kwok']} fake nodes "
+        f"({r['pods_per_node']} pods each, as many as N needs) against "
         f"the dev cluster's real API server, scheduler and etcd ({machine(r)}); one real executor on this host "
         "answers at every fake pod IP and runs every command. Reference: 1,000 sandboxes through the same protocol "
         "in 26 s (154 commands/s).",
