@@ -6,6 +6,8 @@ writes, and execs that carry a request id the executor deduplicates.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import aiohttp
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
 
@@ -21,3 +23,19 @@ def policy(attempts: int = 4) -> AsyncRetrying:
         stop=stop_after_attempt(attempts),
         reraise=True,
     )
+
+
+def poll_delays(fast: float = 0.01, fast_for: float = 0.5, cap: float = 0.1) -> Iterator[float]:
+    """Pauses between polls of a starting executor's ``/healthz``.
+
+    Every ``fast`` seconds for the first ``fast_for`` seconds, since an executor
+    usually answers within a few hundred milliseconds of its container running;
+    then doubling up to ``cap``, so hundreds of sandboxes starting slowly on a
+    loaded node do not spend the client's CPU on refused connections.
+    """
+    for _ in range(round(fast_for / fast)):
+        yield fast
+    delay = fast
+    while True:
+        delay = min(cap, delay * 2)
+        yield delay

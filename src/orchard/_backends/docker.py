@@ -35,6 +35,7 @@ from urllib.parse import quote
 import aiohttp
 import msgspec
 
+from .. import _retry
 from .._spec import SandboxSpec
 from ..errors import ConfigError, OrchardError, SandboxLost, SandboxStartError, SandboxTimeout
 from . import DockerConfig
@@ -49,8 +50,6 @@ OWNER_LABEL = "orchard.dev/owner"
 IMAGE_LABEL = "orchard.dev/image"
 EXPIRES_LABEL = "orchard.dev/expires-at"
 INJECTOR_LABEL = "orchard.dev/injector-image"
-#: How often the executor's /healthz is polled while a sandbox starts.
-POLL_INTERVAL = 0.01
 #: How long an unreachable executor's container may take to be seen as stopped.
 DIAGNOSE_GRACE = 5.0
 #: Runtime volumes this process has filled, by (engine, injector image id):
@@ -693,7 +692,7 @@ class DockerBackend:
         instance.base_url = f"http://127.0.0.1:{port}"
         stopped = asyncio.ensure_future(self._engine.wait(instance.container_id))
         try:
-            while True:
+            for delay in _retry.poll_delays():
                 if stopped.done():
                     raise await self._died(instance)
                 # Until the executor listens, the port proxy accepts and then hangs up.
@@ -703,7 +702,7 @@ class DockerBackend:
                     ) as resp:
                         if resp.status == 200:
                             return
-                await asyncio.wait([stopped], timeout=POLL_INTERVAL)
+                await asyncio.wait([stopped], timeout=delay)
         finally:
             stopped.cancel()
             await asyncio.wait([stopped])

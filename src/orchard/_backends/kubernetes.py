@@ -20,6 +20,7 @@ import aiohttp
 import msgspec
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_random_exponential
 
+from .. import _retry
 from .._spec import SandboxSpec
 from ..errors import ConfigError, OrchardError, SandboxLost, SandboxStartError, SandboxTimeout
 from . import KubernetesConfig, bundle
@@ -407,7 +408,7 @@ class KubernetesBackend:
     async def _wait_executor(self, tracked: _Tracked, base_url: str, timeout: float) -> None:
         """Poll the executor's /healthz at the pod IP (milliseconds, no API server)."""
         deadline = tracked.t0 + timeout
-        while True:
+        for delay in _retry.poll_delays():
             if tracked.failed.done():
                 phase = tracked.failed.result()
                 raise SandboxStartError(
@@ -426,7 +427,7 @@ class KubernetesBackend:
                     f"start_timeout={timeout:g}s (is the pod network reachable from here?)",
                     sandbox_id=tracked.name,
                 )
-            await asyncio.sleep(0.01)
+            await asyncio.sleep(delay)
 
     async def delete_pod(self, name: str) -> None:
         """Delete a pod now; a pod already gone is fine."""
