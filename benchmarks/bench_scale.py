@@ -218,11 +218,11 @@ async def child(n: int, kubeconfig: str, max_concurrent_starts: int, token: str)
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
-    # A connection per pod IP, in the client (a child) and the executor: both inherit this.
+    # A connection per pod IP, in the client (a child) and in the executor: both inherit this.
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard != resource.RLIM_INFINITY and hard < 2 * max(args.n) + 1000:
+    if hard != resource.RLIM_INFINITY and hard < max(args.n) + 1000:
         raise SystemExit(
-            f"N={max(args.n)} needs a file descriptor limit above {2 * max(args.n) + 1000}; ulimit -Hn is {hard}"
+            f"N={max(args.n)} needs a file descriptor limit above {max(args.n) + 1000}; ulimit -Hn is {hard}"
         )
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     token = secrets.token_urlsafe(32)
