@@ -143,6 +143,23 @@ def scale(r: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
+def healthz_poll(r: dict[str, Any]) -> str:
+    rows = [
+        "Client cost of waiting for executors, before and after polling `/healthz` less often once a start is "
+        "slow (`benchmarks/results/healthz-poll.json`: the same protocol, old code then new, in one session):",
+        "",
+        "| backend | N | client CPU s, every 10 ms | client CPU s, 10 ms then up to 100 ms | wall s, before / after |",
+        "| --- | ---: | ---: | ---: | ---: |",
+    ]
+    for backend, pair in r["runs"].items():
+        for before, after in zip(pair["before"], pair["after"], strict=True):
+            rows.append(
+                f"| {backend} | {before['n']} | {before['client_cpu_s']:.1f} | {after['client_cpu_s']:.1f} | "
+                f"{before['wall_s']:.1f} / {after['wall_s']:.1f} |"
+            )
+    return "\n".join(rows)
+
+
 def suite(r: dict[str, Any]) -> str:
     parts = ", ".join(f"{k} {v / 60:.1f}" for k, v in r.get("parts_s", {}).items())
     total = r["total_s"] if "total_s" in r else sum(r.get("parts_s", {}).values())
@@ -162,6 +179,7 @@ TABLES: dict[str, Callable[[dict[str, Any]], str]] = {
     "startup": startup,
     "lifecycle": lifecycle,
     "scale": scale,
+    "healthz-poll": healthz_poll,
     "suite": suite,
 }
 
