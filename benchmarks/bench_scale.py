@@ -16,7 +16,7 @@ seconds of the API server, KWOK and the executor are read before and after.
     python benchmarks/bench_scale.py --kubeconfig PATH [-n 1000 -n 5000] [--json PATH [--append]]
 
 ``--append`` adds the runs to those already in the JSON file (a run of the
-same N is replaced): how the N=10,000 run joins the suite's 1,000 and 5,000.
+same N is replaced), to rerun one N without the others.
 
 KWOK is built once with ``go install`` into /var/cache/orchard/kwok (about 2
 minutes cold); its stage definitions come from the same module.
@@ -219,11 +219,14 @@ async def child(n: int, kubeconfig: str, max_concurrent_starts: int, token: str)
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     # A connection per pod IP, in the client (a child) and in the executor: both inherit this.
+    need = max(args.n) + 1000
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard != resource.RLIM_INFINITY and hard < max(args.n) + 1000:
-        raise SystemExit(
-            f"N={max(args.n)} needs a file descriptor limit above {max(args.n) + 1000}; ulimit -Hn is {hard}"
-        )
+    if hard != resource.RLIM_INFINITY and hard < need:
+        try:  # root may raise the hard limit
+            resource.setrlimit(resource.RLIMIT_NOFILE, (need, need))
+        except (OSError, ValueError) as exc:
+            raise SystemExit(f"N={max(args.n)} needs a file descriptor limit of {need} (ulimit -Hn): {exc}") from exc
+        hard = need
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     token = secrets.token_urlsafe(32)
     nodes = -(-max(args.n) // PODS_PER_NODE)
