@@ -34,8 +34,8 @@ class PortForward:
         self._tasks: set[asyncio.Task[None]] = set()
         #: Where the executor client should connect.
         self.base_url = ""
-        #: Set once the executor has answered: until then a refused connection is the
-        #: expected answer to a readiness probe, not worth a warning.
+        #: Set once a tunnel has carried the executor's bytes: until then a refused
+        #: connection is the expected answer to a readiness probe, not worth a warning.
         self.ready = False
 
     async def start(self) -> str:
@@ -92,6 +92,7 @@ class PortForward:
                 report = log.warning if self.ready else log.debug
                 report("port-forward to %s:%s: %s", self._pod, self._port, payload.decode("utf-8", "replace"))
                 return
+            self.ready = True
             writer.write(payload)
             await writer.drain()
 

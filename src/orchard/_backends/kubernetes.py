@@ -344,8 +344,6 @@ class KubernetesBackend:
                 forward = PortForward(self._ws_core, self.config.namespace, sandbox_id, self.config.executor_port)
                 base_url = await forward.start()
             await self._wait_executor(tracked, base_url, spec.start_timeout)
-            if forward is not None:
-                forward.ready = True
         except BaseException:
             if forward is not None:
                 await forward.close()
