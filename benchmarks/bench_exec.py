@@ -56,6 +56,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from _stats import pct
+
 import orchard
 
 IMAGE = "orchard-test/busybox:latest"
@@ -106,12 +108,6 @@ class Cell:
     timeouts: int = 0
     errors: int = 0
     first_error: str | None = None
-
-
-def pct(values: list[float], q: int) -> float:
-    if len(values) == 1:
-        return values[0]
-    return statistics.quantiles(values, n=100, method="inclusive")[q - 1]
 
 
 def summarize(cell: Cell) -> dict[str, Any]:

@@ -20,10 +20,11 @@ import asyncio
 import json
 import os
 import resource
-import statistics
 import time
 from collections import defaultdict
 from typing import Any
+
+from _stats import pct
 
 import orchard
 from orchard._backends import BackendConfig, DockerConfig, KubernetesConfig, LocalConfig
@@ -34,12 +35,6 @@ COMMANDS = (
     "cat /etc/os-release | head -1",
     "cat /etc/os-release | head -1",
 )
-
-
-def pct(values: list[float], q: int) -> float:
-    if len(values) == 1:
-        return values[0]
-    return statistics.quantiles(values, n=100, method="inclusive")[q - 1]
 
 
 def summary_ms(values: list[float]) -> dict[str, float]:

@@ -22,11 +22,9 @@ import tempfile
 import time
 from typing import Any
 
+from _stats import pct
+
 import orchard
-
-
-def pct(values: list[float], q: int) -> float:
-    return statistics.quantiles(values, n=100, method="inclusive")[q - 1]
 
 
 def summarize(values: list[float]) -> dict[str, float]:

@@ -16,19 +16,14 @@ import glob
 import json
 import os
 import shutil
-import statistics
 import time
 from typing import Any
+
+from _stats import pct
 
 import orchard
 
 IMAGE = "orchard-test/busybox:latest"
-
-
-def pct(values: list[float], q: int) -> float:
-    if len(values) == 1:
-        return values[0]
-    return statistics.quantiles(values, n=100, method="inclusive")[q - 1]
 
 
 def stats(values: list[float]) -> dict[str, float]:
