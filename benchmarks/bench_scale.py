@@ -217,17 +217,29 @@ async def child(n: int, kubeconfig: str, max_concurrent_starts: int, token: str)
     return result
 
 
+def fds_needed(n: int) -> int:
+    """File descriptors the client and the executor each need at N: a connection per pod IP, and some."""
+    return n + 1000
+
+
+def fds_fit(n: int) -> bool:
+    """Whether this process's hard limit allows N (without the privilege to raise it)."""
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    return hard == resource.RLIM_INFINITY or hard >= fds_needed(n)
+
+
+def raise_fd_limit(n: int) -> None:
+    """Soft limit up to the hard one (above it, if root may), for this process and the ones it starts."""
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    limit = hard if fds_fit(n) else fds_needed(n)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"N={n} needs a file descriptor limit of {limit} (ulimit -Hn): {exc}") from exc
+
+
 def measure(args: argparse.Namespace) -> dict[str, Any]:
-    # A connection per pod IP, in the client (a child) and in the executor: both inherit this.
-    need = max(args.n) + 1000
-    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard != resource.RLIM_INFINITY and hard < need:
-        try:  # root may raise the hard limit
-            resource.setrlimit(resource.RLIMIT_NOFILE, (need, need))
-        except (OSError, ValueError) as exc:
-            raise SystemExit(f"N={max(args.n)} needs a file descriptor limit of {need} (ulimit -Hn): {exc}") from exc
-        hard = need
-    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    raise_fd_limit(max(args.n))  # the client (a child) and the executor inherit it
     token = secrets.token_urlsafe(32)
     nodes = -(-max(args.n) // PODS_PER_NODE)
     log_dir = Path(tempfile.mkdtemp(prefix="orchard-scale-logs-"))

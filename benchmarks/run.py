@@ -21,11 +21,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+import bench_scale
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -89,9 +90,8 @@ def main() -> None:
             lifecycle(args.kubeconfig, args.quick)
         elif part == "scale":
             sizes = [100] if args.quick else [100, 1000, 5000, 10000]
-            hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
-            if hard != resource.RLIM_INFINITY and hard < sizes[-1] + 1000:  # a connection per sandbox
-                print(f"scale: N={sizes[-1]} left out, it needs ulimit -Hn of {sizes[-1] + 1000} (here {hard})")
+            if not bench_scale.fds_fit(sizes[-1]):
+                print(f"scale: N={sizes[-1]} left out, it needs ulimit -Hn of {bench_scale.fds_needed(sizes[-1])}")
                 sizes.pop()
             python("benchmarks/bench_scale.py", kube, json_out, *(f"-n{n}" for n in sizes))
         timings[part] = time.monotonic() - t0
