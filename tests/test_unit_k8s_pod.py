@@ -1,27 +1,38 @@
 """The pod manifest builder and the pod-status reader, without a cluster."""
 
+import ipaddress
 from typing import Any
 
 import msgspec
 import pytest
 
+from orchard._backends import KubernetesConfig, make_config
 from orchard._backends.k8s_pod import (
+    CLIENT_LABEL,
+    DEFAULT_CAPABILITIES,
     INIT_CONTAINER,
     MANAGED_BY,
     SANDBOX_LABEL,
     SESSION_LABEL,
     Pod,
     classify,
+    egress_exceptions,
+    network_policies,
     pod_manifest,
+    pod_security_labels,
 )
+from orchard._backends.kubernetes import pod_options
 from orchard._spec import make_spec
+from orchard.errors import ConfigError
 
 pytestmark = pytest.mark.unit
 
 TOKEN_HASH = "ab" * 32
+POD_OPTIONS = ("run_as_user", "cap_add", "ephemeral_storage", "runtime_volume_limit", "user_namespaces")
 
 
 def build(**options: Any) -> dict[str, Any]:
+    hardening = {k: options.pop(k) for k in list(options) if k in POD_OPTIONS}
     return pod_manifest(
         make_spec("swebench/django:latest", options),
         name="sb-1234-abcd",
@@ -34,6 +45,7 @@ def build(**options: Any) -> dict[str, Any]:
         bundle_path="/.orchard",
         port=8750,
         created_at=1000.0,
+        **hardening,
     )
 
 
@@ -208,3 +220,153 @@ def test_classify_evicted_through_the_eviction_api() -> None:
     phase = classify(evicting)
     assert (phase.state, phase.reason) == ("failed", "Evicted")
     assert "EvictionByEvictionAPI" in phase.message
+
+
+# -- Hardening: what a pod may do, and what the setup policies let through --
+
+BASELINE_CAPS = {
+    "AUDIT_WRITE",
+    "CHOWN",
+    "DAC_OVERRIDE",
+    "FOWNER",
+    "FSETID",
+    "KILL",
+    "MKNOD",
+    "NET_BIND_SERVICE",
+    "SETFCAP",
+    "SETGID",
+    "SETPCAP",
+    "SETUID",
+    "SYS_CHROOT",
+}
+
+
+def hardened(config: KubernetesConfig | None = None, **options: Any) -> dict[str, Any]:
+    """The manifest the backend builds with this config."""
+    return build(**options, **pod_options(config or KubernetesConfig()))
+
+
+def test_pod_runs_under_runtime_default_seccomp_without_privilege_escalation() -> None:
+    spec = hardened()["spec"]
+    assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    for c in spec["initContainers"] + spec["containers"]:
+        assert c["securityContext"]["allowPrivilegeEscalation"] is False, c["name"]
+        assert c["securityContext"]["capabilities"]["drop"] == ["ALL"], c["name"]
+    assert "hostUsers" not in spec  # user namespaces are opt-in
+
+
+def test_root_task_container_keeps_only_the_documented_capabilities() -> None:
+    (container,) = hardened()["spec"]["containers"]
+    added = set(container["securityContext"]["capabilities"]["add"])
+    assert added == set(DEFAULT_CAPABILITIES)
+    assert added <= BASELINE_CAPS  # the default pod passes Pod Security "baseline"
+    assert not added & {"NET_RAW", "MKNOD", "SYS_ADMIN", "SYS_CHROOT", "SETFCAP", "SETPCAP"}
+    assert "runAsNonRoot" not in container["securityContext"]
+
+
+def test_cap_add_adds_to_the_default_list_normalised() -> None:
+    (container,) = hardened(KubernetesConfig(cap_add=["net_raw", "CAP_SYS_PTRACE"]))["spec"]["containers"]
+    added = container["securityContext"]["capabilities"]["add"]
+    assert set(added) == {*DEFAULT_CAPABILITIES, "NET_RAW", "SYS_PTRACE"}
+
+
+@pytest.mark.parametrize("bad", [{"run_as_user": 0}, {"run_as_user": -5}, {"cap_add": ["ALL"]}, {"cap_add": ["x y"]}])
+def test_bad_hardening_options_are_config_errors(bad: dict[str, Any]) -> None:
+    with pytest.raises(ConfigError):
+        make_config("kubernetes", bad)
+
+
+def test_init_container_is_fully_restricted() -> None:
+    spec = hardened()["spec"]
+    (init,) = spec["initContainers"]
+    ctx = init["securityContext"]
+    assert ctx["runAsNonRoot"] is True
+    assert ctx["runAsUser"] > 0
+    assert ctx["runAsGroup"] > 0
+    assert ctx["readOnlyRootFilesystem"] is True
+    assert ctx["capabilities"] == {"drop": ["ALL"]}
+    assert init["resources"]["limits"]["memory"]
+
+
+def test_run_as_user_makes_every_container_non_root_without_capabilities() -> None:
+    spec = hardened(KubernetesConfig(run_as_user=1000))["spec"]
+    (container,) = spec["containers"]
+    ctx = container["securityContext"]
+    assert (ctx["runAsNonRoot"], ctx["runAsUser"], ctx["runAsGroup"]) == (True, 1000, 1000)
+    assert ctx["capabilities"] == {"drop": ["ALL"]}
+    assert all(c["securityContext"]["runAsNonRoot"] for c in spec["initContainers"])
+
+
+def test_default_resources_limit_the_disk() -> None:
+    spec = hardened()["spec"]
+    (container,) = spec["containers"]
+    assert container["resources"]["limits"]["ephemeral-storage"] == KubernetesConfig().ephemeral_storage
+    # No disk request: scheduling is unchanged (a request would default to the limit).
+    assert container["resources"]["requests"]["ephemeral-storage"] == "0"
+    (volume,) = spec["volumes"]
+    assert volume["emptyDir"]["sizeLimit"] == KubernetesConfig().runtime_volume_limit
+    # The sandbox's own cpu and memory still set requests and limits.
+    container = hardened(cpu=1, memory="1Gi")["spec"]["containers"][0]
+    assert container["resources"]["limits"] == {"cpu": "1", "memory": "1Gi", "ephemeral-storage": "8Gi"}
+    unlimited = hardened(KubernetesConfig(ephemeral_storage=None))["spec"]["containers"][0]
+    assert "resources" not in unlimited
+
+
+def test_user_namespaces_option_sets_host_users_false() -> None:
+    assert hardened(KubernetesConfig(user_namespaces=True))["spec"]["hostUsers"] is False
+
+
+def test_namespace_labels_enforce_baseline_and_warn_restricted() -> None:
+    labels = pod_security_labels("baseline")
+    assert labels["pod-security.kubernetes.io/enforce"] == "baseline"
+    assert labels["pod-security.kubernetes.io/warn"] == "restricted"
+    assert labels["pod-security.kubernetes.io/audit"] == "restricted"
+    assert pod_security_labels("restricted")["pod-security.kubernetes.io/enforce"] == "restricted"
+
+
+def _policies(**options: Any) -> dict[str, dict[str, Any]]:
+    return {p["metadata"]["name"]: p["spec"] for p in network_policies("ns", port=8750, **options)}
+
+
+def test_executor_ingress_only_from_labelled_clients_and_client_cidrs() -> None:
+    spec = _policies(client_cidrs=["192.0.2.0/24"], client_namespaces=["trainers"])["orchard-sandboxes"]
+    (rule,) = spec["ingress"]
+    assert rule["ports"] == [{"protocol": "TCP", "port": 8750}]
+    peers = rule["from"]
+    assert {"podSelector": {"matchLabels": {CLIENT_LABEL: "true"}}} in peers
+    assert {"ipBlock": {"cidr": "192.0.2.0/24"}} in peers
+    assert {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "trainers"}},
+        "podSelector": {"matchLabels": {CLIENT_LABEL: "true"}},
+    } in peers
+    assert all(peers), "an empty peer would admit everyone"
+    assert spec["egress"] == []  # network=False sandboxes: no egress at all
+
+
+def _covered(address: str, cidrs: list[str]) -> bool:
+    return any(ipaddress.ip_address(address) in ipaddress.ip_network(c) for c in cidrs)
+
+
+def test_network_egress_excludes_metadata_api_server_and_cluster_ranges() -> None:
+    excepts = egress_exceptions(api_server=["10.0.0.5"], cluster_cidrs=["10.244.0.0/16", "10.96.0.0/12", "fd00:1::/64"])
+    spec = _policies(egress_except=excepts, dns={"k8s-app": "kube-dns"})["orchard-sandbox-egress"]
+    blocks = [peer["ipBlock"] for rule in spec["egress"] for peer in rule.get("to", []) if "ipBlock" in peer]
+    by_cidr = {b["cidr"]: b.get("except", []) for b in blocks}
+    assert set(by_cidr) == {"0.0.0.0/0", "::/0"}
+    v4, v6 = by_cidr["0.0.0.0/0"], by_cidr["::/0"]
+    for address in ("169.254.169.254", "10.0.0.5", "10.244.3.7", "10.96.0.1"):
+        assert _covered(address, v4), address
+    assert _covered("fd00:ec2::254", v6)
+    assert _covered("fd00:1::9", v6)
+    assert not _covered("8.8.8.8", v4)
+    assert all(rule.get("to") for rule in spec["egress"]), "a rule without peers would allow everything"
+    dns = [rule for rule in spec["egress"] if any("podSelector" in p for p in rule["to"])]
+    assert dns[0]["ports"] == [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]
+    assert dns[0]["to"][0]["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}}
+    # Each exclusion can be lifted.
+    lifted = egress_exceptions(api_server=["10.0.0.5"], cluster_cidrs=["10.244.0.0/16"], allow_metadata=True)
+    assert not _covered("169.254.169.254", lifted)
+    assert _covered("10.0.0.5", lifted)
+    assert (
+        egress_exceptions(api_server=["10.0.0.5"], cluster_cidrs=[], allow_api_server=True, allow_metadata=True) == []
+    )

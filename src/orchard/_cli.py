@@ -34,13 +34,51 @@ def _parser() -> argparse.ArgumentParser:
     k8s = commands.add_parser("k8s", help="one-time Kubernetes setup")
     k8s_commands = k8s.add_subparsers(dest="k8s_command", required=True)
     setup = k8s_commands.add_parser(
-        "setup", help="write the client RBAC Role and the sandbox NetworkPolicies (egress off by default)"
+        "setup",
+        help="label the namespace for Pod Security, write the client RBAC Role and the sandbox NetworkPolicies",
+        description="Label the namespace for Pod Security admission (enforce --pod-security, warn and audit "
+        "'restricted'); write the client Role; write NetworkPolicies that let only clients (pods labelled "
+        "orchard.dev/client=true, --client-namespace, --client-cidr; the pod's own node always) reach the "
+        "executor port, deny sandboxes all egress, and give network=True sandboxes the internet without "
+        "link-local (cloud metadata), the API server and the cluster's pod, service and node addresses. "
+        "Policies need a network plugin that enforces them.",
     )
     setup.add_argument("-n", "--namespace", default="default")
     setup.add_argument("--kubeconfig", default=None)
     setup.add_argument("--context", default=None)
     setup.add_argument("--service-account", default=None, help="also bind the Role to this service account")
     setup.add_argument("--port", type=int, default=8750, help="the executor port sandboxes accept traffic on")
+    setup.add_argument(
+        "--pod-security",
+        default="baseline",
+        choices=["privileged", "baseline", "restricted", "none"],
+        help="level the namespace enforces (default baseline, which the default pods pass; restricted needs "
+        "run_as_user in KubernetesConfig; none leaves the namespace's labels alone)",
+    )
+    setup.add_argument(
+        "--client-cidr", action="append", default=[], metavar="CIDR", help="also admit executor traffic from here"
+    )
+    setup.add_argument(
+        "--client-namespace",
+        action="append",
+        default=[],
+        metavar="NS",
+        help="also admit pods labelled orchard.dev/client=true in this namespace",
+    )
+    setup.add_argument(
+        "--cluster-cidr",
+        action="append",
+        default=[],
+        metavar="CIDR",
+        help="another range network=True sandboxes may not reach (added to those discovered)",
+    )
+    setup.add_argument("--allow-metadata", action="store_true", help="let network=True sandboxes reach link-local")
+    setup.add_argument(
+        "--allow-api-server", action="store_true", help="let network=True sandboxes reach the API server"
+    )
+    setup.add_argument(
+        "--allow-cluster", action="store_true", help="let network=True sandboxes reach pods, services and nodes"
+    )
     setup.add_argument("--dry-run", action="store_true", help="print the objects as JSON instead of writing them")
     return parser
 
@@ -54,7 +92,20 @@ def _k8s_setup(args: argparse.Namespace) -> int:
     config = KubernetesConfig(
         namespace=args.namespace, kubeconfig=args.kubeconfig, context=args.context, executor_port=args.port
     )
-    objects = asyncio.run(setup(config, service_account=args.service_account, dry_run=args.dry_run))
+    objects = asyncio.run(
+        setup(
+            config,
+            service_account=args.service_account,
+            dry_run=args.dry_run,
+            pod_security=None if args.pod_security == "none" else args.pod_security,
+            client_cidrs=args.client_cidr,
+            client_namespaces=args.client_namespace,
+            cluster_cidrs=args.cluster_cidr,
+            allow_metadata=args.allow_metadata,
+            allow_api_server=args.allow_api_server,
+            allow_cluster=args.allow_cluster,
+        )
+    )
     if args.dry_run:
         print(json.dumps(objects, indent=2))
     else:

@@ -45,6 +45,33 @@ class KubernetesConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown
     #: The client session's Lease (owner of its pods) expires this long after its
     #: last renewal; ``orchard gc`` then treats the session's pods as orphans.
     lease_seconds: int = 60
+    #: Run the sandbox container as this non-root uid (and gid) with no
+    #: capabilities: the whole pod then passes Pod Security "restricted". None:
+    #: the image's user (often root) keeping only ``k8s_pod.DEFAULT_CAPABILITIES``.
+    run_as_user: int | None = None
+    #: Capabilities added to the sandbox container, e.g. ["NET_RAW"] (any
+    #: beyond baseline's list fails a "baseline"-enforced namespace).
+    cap_add: list[str] = []
+    #: ephemeral-storage limit of the sandbox container (its writable layer and
+    #: logs): the kubelet evicts a sandbox that writes more. None: no limit.
+    ephemeral_storage: str | None = "8Gi"
+    #: sizeLimit of the emptyDir holding the injected runtime (about 40 MB).
+    runtime_volume_limit: str = "256Mi"
+    #: ``hostUsers: false``: root in the pod is an unprivileged uid on the node.
+    #: Needs Kubernetes >= 1.33 (or the gate) and a runtime that supports it
+    #: (containerd >= 2.0, CRI-O >= 1.25, kernel >= 6.3); pods fail to start
+    #: elsewhere, e.g. on the dev cluster's containerd 1.6.
+    user_namespaces: bool = False
+
+    def __post_init__(self) -> None:
+        """Validate the hardening options; capability names are normalised to NET_RAW form."""
+        if self.run_as_user is not None and self.run_as_user <= 0:
+            raise ConfigError(f"run_as_user={self.run_as_user!r} must be a positive (non-root) uid")
+        caps = [c.upper().removeprefix("CAP_") for c in self.cap_add]
+        bad = [c for c in caps if c == "ALL" or not c.replace("_", "").isalnum() or not c.isascii()]
+        if bad:
+            raise ConfigError(f"cap_add: {bad!r} are not capability names (e.g. 'NET_RAW')")
+        msgspec.structs.force_setattr(self, "cap_add", caps)
 
 
 class DockerConfig(msgspec.Struct, kw_only=True, frozen=True, tag="docker", forbid_unknown_fields=True):

@@ -9,6 +9,8 @@ an IP, or failed with a reason.
 from __future__ import annotations
 
 import datetime
+import ipaddress
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import msgspec
@@ -24,6 +26,26 @@ NETWORK_LABEL = "orchard.dev/network"
 CONTAINER = "sandbox"
 INIT_CONTAINER = "orchard-inject"
 BUNDLE_VOLUME = "orchard-runtime"
+#: Label an in-cluster client pod carries to reach sandbox executors once
+#: ``orchard k8s setup`` has written the NetworkPolicies (value "true").
+CLIENT_LABEL = "orchard.dev/client"
+
+#: Capabilities a root sandbox container keeps (every other one is dropped):
+#: what package managers, build tools and test suites of typical root task
+#: images use to own, chmod and write files of other users, switch to an
+#: unprivileged user, signal their own processes and bind ports below 1024.
+#: Dropped from the runtime's defaults: NET_RAW (raw sockets, ARP/ICMP spoofing),
+#: MKNOD (device nodes), SYS_CHROOT, SETPCAP, SETFCAP, AUDIT_WRITE. All of these
+#: are in Pod Security "baseline"; ``KubernetesConfig.cap_add`` adds more.
+DEFAULT_CAPABILITIES = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID", "NET_BIND_SERVICE")
+#: The uid and gid the injector init container runs as (no image user needed:
+#: the emptyDir it fills is world-writable, 0777, as the kubelet creates it).
+INJECTOR_UID = 65532
+#: Link-local (cloud metadata services, 169.254.169.254, and their kin) and
+#: AWS's IPv6 metadata address: never a destination of ``network=True`` egress
+#: unless ``orchard k8s setup --allow-metadata``.
+METADATA_CIDRS = ("169.254.0.0/16", "fd00:ec2::254/128")
+PSA = "pod-security.kubernetes.io"
 
 #: Waiting reasons that will not resolve by themselves: fail the start now.
 FATAL_WAITING = frozenset(
@@ -238,6 +260,19 @@ def _quantity(value: str | float) -> str:
     return value if isinstance(value, str) else f"{value:g}"
 
 
+def _task_security(run_as_user: int | None, cap_add: Sequence[str]) -> dict[str, Any]:
+    """The sandbox container's securityContext: root with a few capabilities, or a non-root uid with none."""
+    ctx: dict[str, Any] = {"allowPrivilegeEscalation": False}
+    if run_as_user is None:
+        ctx["capabilities"] = {"drop": ["ALL"], "add": list(dict.fromkeys([*DEFAULT_CAPABILITIES, *cap_add]))}
+    else:
+        # A non-root process gets no capabilities at exec anyway; dropping them all
+        # (and adding only what was asked) is what Pod Security "restricted" checks.
+        ctx.update(runAsNonRoot=True, runAsUser=run_as_user, runAsGroup=run_as_user)
+        ctx["capabilities"] = {"drop": ["ALL"], **({"add": list(cap_add)} if cap_add else {})}
+    return ctx
+
+
 def pod_manifest(
     spec: SandboxSpec,
     *,
@@ -252,6 +287,11 @@ def pod_manifest(
     port: int,
     created_at: float,
     owner: dict[str, str] | None = None,
+    run_as_user: int | None = None,
+    cap_add: Sequence[str] = (),
+    ephemeral_storage: str | None = None,
+    runtime_volume_limit: str | None = None,
+    user_namespaces: bool = False,
 ) -> dict[str, Any]:
     """The Pod for one sandbox.
 
@@ -261,6 +301,12 @@ def pod_manifest(
     the token's SHA-256, never the token, and no service-account token.
     ``owner`` (the client session's Lease) makes Kubernetes delete the pod
     when the session's Lease goes.
+
+    Always: seccomp RuntimeDefault, no privilege escalation, every capability
+    dropped but ``DEFAULT_CAPABILITIES`` plus ``cap_add`` (none at all with
+    ``run_as_user``), and an init container that passes Pod Security
+    "restricted". The remaining keywords are ``KubernetesConfig``'s fields of
+    the same names (None: not set).
     """
     labels = {
         **spec.labels,
@@ -297,13 +343,23 @@ def pod_manifest(
     }
     if spec.workdir:
         container["workingDir"] = spec.workdir
+    if ephemeral_storage is not None:
+        # An explicit zero request: left out, it would default to the limit and
+        # reserve the whole limit of node disk for every sandbox at scheduling.
+        resources.setdefault("requests", {})["ephemeral-storage"] = "0"
+        resources.setdefault("limits", {})["ephemeral-storage"] = ephemeral_storage
     if resources:
         container["resources"] = resources
+    container["securityContext"] = _task_security(run_as_user, cap_add)
+    volume: dict[str, Any] = {"name": BUNDLE_VOLUME, "emptyDir": {}}
+    if runtime_volume_limit is not None:
+        volume["emptyDir"]["sizeLimit"] = runtime_volume_limit
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
         "terminationGracePeriodSeconds": 1,
+        "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
         "initContainers": [
             {
                 "name": INIT_CONTAINER,
@@ -311,12 +367,22 @@ def pod_manifest(
                 "imagePullPolicy": spec.image_pull_policy,
                 "command": install,
                 "volumeMounts": [{"name": BUNDLE_VOLUME, "mountPath": bundle_path}],
-                "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}},
+                "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"memory": "256Mi"}},
+                "securityContext": {
+                    "runAsNonRoot": True,
+                    "runAsUser": INJECTOR_UID,
+                    "runAsGroup": INJECTOR_UID,
+                    "readOnlyRootFilesystem": True,
+                    "allowPrivilegeEscalation": False,
+                    "capabilities": {"drop": ["ALL"]},
+                },
             }
         ],
         "containers": [container],
-        "volumes": [{"name": BUNDLE_VOLUME, "emptyDir": {}}],
+        "volumes": [volume],
     }
+    if user_namespaces:
+        pod_spec["hostUsers"] = False
     if spec.ttl is not None:
         pod_spec["activeDeadlineSeconds"] = max(1, int(spec.ttl))
     if spec.node_selector:
@@ -383,9 +449,79 @@ def role_binding(namespace: str, *, service_account: str) -> dict[str, Any]:
     }
 
 
-def network_policies(namespace: str, *, port: int) -> list[dict[str, Any]]:
-    """Sandboxes: ingress only to the executor port; egress only for ``network=True`` sandboxes."""
+def pod_security_labels(enforce: str) -> dict[str, str]:
+    """Namespace labels for Pod Security admission: enforce ``enforce``, warn and audit "restricted"."""
+    return {
+        f"{PSA}/enforce": enforce,
+        f"{PSA}/enforce-version": "latest",
+        f"{PSA}/warn": "restricted",
+        f"{PSA}/warn-version": "latest",
+        f"{PSA}/audit": "restricted",
+        f"{PSA}/audit-version": "latest",
+    }
+
+
+def egress_exceptions(
+    *,
+    api_server: Iterable[str],
+    cluster_cidrs: Iterable[str],
+    allow_metadata: bool = False,
+    allow_api_server: bool = False,
+    allow_cluster: bool = False,
+) -> list[str]:
+    """The ranges ``network=True`` sandboxes may not reach: metadata, the API server, the cluster."""
+    ranges = [] if allow_metadata else list(METADATA_CIDRS)
+    if not allow_api_server:
+        ranges += [str(ipaddress.ip_network(a)) for a in api_server]  # an address becomes a /32 or /128
+    if not allow_cluster:
+        ranges += [str(ipaddress.ip_network(c, strict=False)) for c in cluster_cidrs]
+    return list(dict.fromkeys(ranges))
+
+
+def network_policies(
+    namespace: str,
+    *,
+    port: int,
+    client_cidrs: Sequence[str] = (),
+    client_namespaces: Sequence[str] = (),
+    egress_except: Sequence[str] = (),
+    dns: dict[str, str] | None = None,
+) -> list[dict[str, Any]]:
+    """Sandboxes: ingress only from clients to the executor port; egress only for ``network=True`` sandboxes.
+
+    Clients are pods labelled ``CLIENT_LABEL=true`` in the namespace or in
+    ``client_namespaces``, and addresses in ``client_cidrs``. (The node a pod
+    runs on always reaches it under NetworkPolicy: kubelet probes,
+    port-forward and a client on that node need no rule.) ``network=True``
+    egress goes anywhere but ``egress_except``, plus DNS to the pods ``dns``
+    selects in kube-system when given.
+    """
     meta = {"namespace": namespace, "labels": {MANAGED_BY: "orchard"}}
+    client = {"matchLabels": {CLIENT_LABEL: "true"}}
+    peers: list[dict[str, Any]] = [{"podSelector": client}]
+    peers += [
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}}, "podSelector": client}
+        for ns in client_namespaces
+    ]
+    peers += [{"ipBlock": {"cidr": str(ipaddress.ip_network(c, strict=False))}} for c in client_cidrs]
+    blocks = []
+    for everything in ("0.0.0.0/0", "::/0"):
+        whole = ipaddress.ip_network(everything)
+        excepts = [c for c in egress_except if ipaddress.ip_network(c).version == whole.version]
+        blocks.append({"ipBlock": {"cidr": everything, **({"except": excepts} if excepts else {})}})
+    egress: list[dict[str, Any]] = [{"to": blocks}]
+    if dns:
+        egress.append(
+            {
+                "to": [
+                    {
+                        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+                        "podSelector": {"matchLabels": dict(dns)},
+                    }
+                ],
+                "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}],
+            }
+        )
     return [
         {
             "apiVersion": "networking.k8s.io/v1",
@@ -394,7 +530,7 @@ def network_policies(namespace: str, *, port: int) -> list[dict[str, Any]]:
             "spec": {
                 "podSelector": {"matchLabels": {MANAGED_BY: "orchard"}},
                 "policyTypes": ["Ingress", "Egress"],
-                "ingress": [{"ports": [{"protocol": "TCP", "port": port}]}],
+                "ingress": [{"from": peers, "ports": [{"protocol": "TCP", "port": port}]}],
                 "egress": [],
             },
         },
@@ -405,7 +541,7 @@ def network_policies(namespace: str, *, port: int) -> list[dict[str, Any]]:
             "spec": {
                 "podSelector": {"matchLabels": {MANAGED_BY: "orchard", NETWORK_LABEL: "on"}},
                 "policyTypes": ["Egress"],
-                "egress": [{}],
+                "egress": egress,
             },
         },
     ]

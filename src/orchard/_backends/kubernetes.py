@@ -36,10 +36,12 @@ from .k8s_pod import (
     WatchEvent,
     classify,
     client_role,
+    egress_exceptions,
     garbage_reason,
     lease_manifest,
     network_policies,
     pod_manifest,
+    pod_security_labels,
     role_binding,
 )
 from .k8s_portforward import PortForward
@@ -49,6 +51,14 @@ log = logging.getLogger("orchard.kubernetes")
 _EVENT = msgspec.json.Decoder(WatchEvent)
 _POD = msgspec.json.Decoder(Pod)
 _POD_LIST = msgspec.json.Decoder(PodList)
+
+
+def _status_message(body: Any) -> str:
+    """The message of an API server's Status body, or the body itself."""
+    try:
+        return str(msgspec.json.decode(body)["message"])[:500]
+    except Exception:
+        return f"{body!s:.500}"
 
 
 def _micro_time() -> str:
@@ -71,6 +81,17 @@ def _api_retry() -> AsyncRetrying:
         stop=stop_after_attempt(6),
         reraise=True,
     )
+
+
+def pod_options(config: KubernetesConfig) -> dict[str, Any]:
+    """The hardening keywords of ``pod_manifest`` that a config sets."""
+    return {
+        "run_as_user": config.run_as_user,
+        "cap_add": config.cap_add,
+        "ephemeral_storage": config.ephemeral_storage,
+        "runtime_volume_limit": config.runtime_volume_limit,
+        "user_namespaces": config.user_namespaces,
+    }
 
 
 class _Tracked:
@@ -324,6 +345,7 @@ class KubernetesBackend:
             port=self.config.executor_port,
             created_at=time.time(),
             owner=self._owner,
+            **pod_options(self.config),
         )
         tracked = _Tracked(sandbox_id)
         self._tracked[sandbox_id] = tracked
@@ -376,6 +398,14 @@ class KubernetesBackend:
         except ApiException as exc:
             if exc.status == 409:  # a retried create that had gone through
                 return
+            if exc.status == 403 and "violates PodSecurity" in str(exc.body):
+                raise SandboxStartError(
+                    f"sandbox {name}: the namespace's Pod Security admission refused the pod "
+                    f"({_status_message(exc.body)}); the default pod, root with a few capabilities, passes "
+                    "'baseline'; KubernetesConfig(run_as_user=<uid>) makes it pass 'restricted'",
+                    sandbox_id=name,
+                    reason="PodSecurity",
+                ) from exc
             raise SandboxStartError(
                 f"sandbox {name}: the API server refused the pod: {exc.status} {exc.reason}: {exc.body!s:.500}",
                 sandbox_id=name,
@@ -531,21 +561,130 @@ async def collect_garbage(config: KubernetesConfig, *, dry_run: bool = False) ->
         await backend._close_api()
 
 
-async def setup(
-    config: KubernetesConfig, *, service_account: str | None = None, dry_run: bool = False
-) -> list[dict[str, Any]]:
-    """Write (create or replace) the client Role, an optional RoleBinding, and the NetworkPolicies."""
+async def _discover(api: Any) -> tuple[list[str], list[str], dict[str, str] | None, list[str]]:
+    """The API server's addresses, the cluster's ranges, kube-dns's pod labels, and what was not found.
+
+    Ranges: the nodes' pod CIDRs and addresses, the ServiceCIDRs (or, before
+    Kubernetes 1.33, the ``kubernetes`` Service's IP). Each lookup the
+    caller's credentials cannot do is reported, not fatal.
+    """
+    from kubernetes_asyncio import client
     from kubernetes_asyncio.client.exceptions import ApiException
 
-    objects = [client_role(config.namespace), *network_policies(config.namespace, port=config.executor_port)]
+    core, net = client.CoreV1Api(api), client.NetworkingV1Api(api)
+    api_server: list[str] = []
+    ranges: list[str] = []
+    missing: list[str] = []
+    try:
+        endpoints = await core.read_namespaced_endpoints("kubernetes", "default")
+        api_server += [a.ip for subset in endpoints.subsets or [] for a in subset.addresses or []]
+        service = await core.read_namespaced_service("kubernetes", "default")
+        api_server += [ip for ip in service.spec.cluster_ips or [] if ip != "None"]
+    except ApiException as exc:
+        missing.append(f"the API server's addresses ({exc.status} {exc.reason})")
+    try:
+        for node in (await core.list_node()).items:
+            ranges += node.spec.pod_cidrs or ([node.spec.pod_cidr] if node.spec.pod_cidr else [])
+            ranges += [a.address for a in node.status.addresses or [] if a.type in ("InternalIP", "ExternalIP")]
+    except ApiException as exc:
+        missing.append(f"the nodes' pod ranges and addresses ({exc.status} {exc.reason})")
+    try:
+        ranges += [c for sc in (await net.list_service_cidr()).items for c in sc.spec.cidrs or []]
+    except ApiException as exc:
+        if exc.status != 404:  # 404: a cluster older than 1.33; the kubernetes Service's IP stands in
+            missing.append(f"the service ranges ({exc.status} {exc.reason})")
+    dns: dict[str, str] | None = None
+    try:
+        dns = dict((await core.read_namespaced_service("kube-dns", "kube-system")).spec.selector or {}) or None
+    except ApiException as exc:
+        if exc.status != 404:
+            missing.append(f"the kube-dns Service ({exc.status} {exc.reason})")
+    return api_server, ranges, dns, missing
+
+
+async def setup(
+    config: KubernetesConfig,
+    *,
+    service_account: str | None = None,
+    dry_run: bool = False,
+    pod_security: str | None = "baseline",
+    client_cidrs: list[str] | None = None,
+    client_namespaces: list[str] | None = None,
+    cluster_cidrs: list[str] | None = None,
+    allow_metadata: bool = False,
+    allow_api_server: bool = False,
+    allow_cluster: bool = False,
+) -> list[dict[str, Any]]:
+    """Label the namespace for Pod Security and write the client Role, a RoleBinding, the NetworkPolicies.
+
+    Args:
+        config: Names the cluster, the namespace and the executor port.
+        service_account: Also bind the client Role to this service account.
+        dry_run: Return the objects without writing them (nothing is discovered:
+            pass the ranges to exclude in ``cluster_cidrs``).
+        pod_security: The Pod Security level the namespace enforces ("baseline"
+            admits the default pods; "restricted" needs ``run_as_user``), or None
+            to leave its labels alone. Warnings and audit are always "restricted".
+        client_cidrs: Addresses besides client pods that may reach executors.
+        client_namespaces: Other namespaces whose pods labelled
+            ``orchard.dev/client=true`` may reach executors.
+        cluster_cidrs: Ranges ``network=True`` sandboxes may not reach, on top of
+            those discovered (the API server, pod and service ranges, nodes).
+        allow_metadata: Let ``network=True`` sandboxes reach link-local addresses
+            (the cloud metadata service).
+        allow_api_server: Let them reach the API server.
+        allow_cluster: Let them reach the cluster's pods, services and nodes.
+
+    Returns:
+        The objects written, the Namespace (its labels only) first.
+    """
+    from kubernetes_asyncio.client.exceptions import ApiException
+
+    if pod_security not in (None, "privileged", "baseline", "restricted"):
+        raise ConfigError(f"pod_security={pod_security!r} is not one of privileged, baseline, restricted")
+    backend: KubernetesBackend | None = None
+    api_server: list[str] = []
+    discovered: list[str] = []
+    dns: dict[str, str] | None = None
+    if not dry_run:
+        backend = KubernetesBackend(config, session_id="setup")
+        await backend._load()
+        api_server, discovered, dns, missing = await _discover(backend._api)
+        for what in missing:
+            log.warning("orchard k8s setup: cannot read %s; pass the ranges to exclude in cluster_cidrs", what)
+    try:
+        excepts = egress_exceptions(
+            api_server=api_server,
+            cluster_cidrs=[*discovered, *(cluster_cidrs or [])],
+            allow_metadata=allow_metadata,
+            allow_api_server=allow_api_server,
+            allow_cluster=allow_cluster,
+        )
+        policies = network_policies(
+            config.namespace,
+            port=config.executor_port,
+            client_cidrs=client_cidrs or [],
+            client_namespaces=client_namespaces or [],
+            egress_except=excepts,
+            dns=dns,
+        )
+    except ValueError as exc:  # a malformed CIDR or address
+        if backend is not None:
+            await backend._close_api()
+        raise ConfigError(f"orchard k8s setup: {exc}") from None
+    objects = [client_role(config.namespace), *policies]
     if service_account:
         objects.insert(1, role_binding(config.namespace, service_account=service_account))
-    if dry_run:
+    if pod_security is not None:
+        labels = pod_security_labels(pod_security)
+        objects.insert(
+            0, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": config.namespace, "labels": labels}}
+        )
+    if backend is None:
         return objects
     from kubernetes_asyncio import client
 
-    backend = KubernetesBackend(config, session_id="setup")
-    await backend._load()
+    core = client.CoreV1Api(backend._api)
     rbac = client.RbacAuthorizationV1Api(backend._api)
     net = client.NetworkingV1Api(backend._api)
     ops: dict[str, tuple[Any, Any]] = {
@@ -555,6 +694,15 @@ async def setup(
     }
     try:
         for obj in objects:
+            if obj["kind"] == "Namespace":
+                try:  # a merge patch: the namespace's other labels stay
+                    await core.patch_namespace(config.namespace, {"metadata": {"labels": obj["metadata"]["labels"]}})
+                except ApiException as exc:
+                    if exc.status != 404:
+                        raise
+                    meta = client.V1ObjectMeta(name=config.namespace, labels=obj["metadata"]["labels"])
+                    await core.create_namespace(client.V1Namespace(metadata=meta))
+                continue
             create, replace = ops[obj["kind"]]
             try:
                 await create(config.namespace, obj)
