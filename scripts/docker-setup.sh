@@ -14,6 +14,9 @@
 #   orchard-test/noshell        a few coreutils programs, no shell at all
 #   orchard-test/nonroot        busybox as an unprivileged user with nowhere to write
 #
+# It also makes this host refuse connections that network=False sandboxes open
+# to it (an iptables chain, ORCHARD-INPUT: see "sandbox firewall" below).
+#
 # Caches live outside the repository, under $ORCHARD_CACHE (/var/cache/orchard):
 # the base root filesystem and the executor's wheels. dockerd logs to
 # $ORCHARD_CACHE/dockerd.log; its pidfile is /var/run/docker.pid.
@@ -73,6 +76,19 @@ if ! "$DOCKER" info >/dev/null 2>&1; then
   fi
 fi
 echo "engine $("$DOCKER" version -f '{{.Server.Version}}') at /var/run/docker.sock"
+
+step "sandbox firewall"
+# Sandboxes with network=False join Orchard's internal network (bridge orchard-int),
+# which has no route out; but they can still reach this host at the bridge's own
+# address, where every service listening on all interfaces answers. Refuse what
+# they start there; replies to the client's own connections (to the executors)
+# pass. Rules by interface name hold before the bridge exists.
+IPT="iptables -w"
+$IPT -L ORCHARD-INPUT -n >/dev/null 2>&1 || $IPT -N ORCHARD-INPUT
+rule() { $IPT -C ORCHARD-INPUT "$@" 2>/dev/null || $IPT -A ORCHARD-INPUT "$@"; }
+rule -i orchard-int -m conntrack --ctstate ESTABLISHED,RELATED -j RETURN
+rule -i orchard-int -j REJECT
+$IPT -C INPUT -j ORCHARD-INPUT 2>/dev/null || $IPT -I INPUT 1 -j ORCHARD-INPUT
 
 step "base image"
 PATH=/usr/bin:$PATH images/base/build-base.sh "$BASE"

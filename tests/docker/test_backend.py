@@ -12,7 +12,7 @@ import textwrap
 import time
 
 import pytest
-from docker_support import BUSYBOX, NOSHELL, SWE, SandboxFactory, containers, events, inspect
+from docker_support import BUSYBOX, NOSHELL, SWE, SandboxFactory, containers, engine, events, inspect
 
 import orchard
 from orchard._backends import DockerConfig
@@ -62,7 +62,9 @@ async def test_the_runtime_volume_is_shared_read_only_and_filled_once(docker_rea
     assert left == []
 
 
-async def test_labels_and_the_executor_port_only_on_loopback(sandbox: SandboxFactory, client: orchard.Client) -> None:
+async def test_labels_and_the_executor_reached_on_orchards_bridge(
+    sandbox: SandboxFactory, client: orchard.Client
+) -> None:
     sb = await sandbox(BUSYBOX, labels={"team": "rl"}, annotations={"run": "7"})
     info = inspect(sb.id)
     assert info is not None
@@ -74,10 +76,33 @@ async def test_labels_and_the_executor_port_only_on_loopback(sandbox: SandboxFac
     assert labels["orchard.dev/session"] == client.session_id
     assert labels["orchard.dev/owner"].split("/")[1] == str(os.getpid())
     assert labels["orchard.dev/image"] == BUSYBOX
-    bindings = info["NetworkSettings"]["Ports"]["8750/tcp"]
-    assert bindings
-    assert {b["HostIp"] for b in bindings} == {"127.0.0.1"}
-    assert sb._rpc._base == f"http://127.0.0.1:{bindings[0]['HostPort']}"
+    # Nothing is published on the host: the executor is reached at the container's address
+    # on Orchard's internal network, whose bridge is an interface of this host.
+    assert not info["NetworkSettings"]["Ports"]
+    ((name, endpoint),) = info["NetworkSettings"]["Networks"].items()
+    assert name == "orchard-internal"
+    assert sb._rpc._base == f"http://{endpoint['IPAddress']}:8750"
+    status, network = engine("GET", "/networks/orchard-internal")
+    assert status == 200, network
+    assert network["Internal"] is True
+    assert network["Options"]["com.docker.network.bridge.enable_icc"] == "false"
+
+
+async def test_a_network_of_ones_own_publishes_the_port_on_loopback_only(docker_ready: str) -> None:
+    name = f"orchard-test-{os.getpid()}"
+    status, created = engine("POST", "/networks/create", {"Name": name, "Labels": {"orchard.dev/test": "1"}})
+    assert status == 201, created
+    try:
+        async with orchard.Client(DockerConfig(network=name)) as client, client.sandbox(BUSYBOX) as sb:
+            info = inspect(sb.id)
+            assert info is not None
+            assert list(info["NetworkSettings"]["Networks"]) == [name]
+            bindings = info["NetworkSettings"]["Ports"]["8750/tcp"]
+            assert {b["HostIp"] for b in bindings} == {"127.0.0.1"}
+            assert sb._rpc._base == f"http://127.0.0.1:{bindings[0]['HostPort']}"
+            assert (await sb.exec(["true"])).ok
+    finally:
+        assert engine("DELETE", f"/networks/{created['Id']}")[0] == 204
 
 
 async def test_only_the_token_hash_reaches_the_container(sandbox: SandboxFactory) -> None:

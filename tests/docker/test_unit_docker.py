@@ -9,17 +9,19 @@ from typing import Any
 import pytest
 
 import orchard
+from orchard._backends import DockerConfig
 from orchard._backends.bundle import launcher
 from orchard._backends.docker import (
+    CAPABILITIES,
     ContainerSummary,
     container_config,
     garbage_reason,
-    image_reference,
     memory_bytes,
     nano_cpus,
     owner_alive,
     owner_label,
 )
+from orchard._backends.docker_engine import image_reference
 from orchard._spec import make_spec
 from orchard.errors import ConfigError
 
@@ -28,9 +30,10 @@ pytestmark = pytest.mark.unit
 HASH = "ab" * 32
 
 
-def body(**spec: Any) -> dict[str, Any]:
+def body(config: DockerConfig | None = None, **spec: Any) -> dict[str, Any]:
     return container_config(
         make_spec("task:1", spec),
+        config=config,
         name="sb-s-1",
         session_id="s",
         token_sha256=HASH,
@@ -51,7 +54,7 @@ def test_the_launcher_replaces_the_image_command_and_only_the_hash_is_passed() -
     assert "WorkingDir" not in b  # the image's own
 
 
-def test_the_runtime_volume_is_mounted_read_only_and_the_port_published_on_loopback() -> None:
+def test_the_runtime_volume_is_mounted_read_only_and_no_port_is_published() -> None:
     host = body()["HostConfig"]
     assert host["Mounts"] == [
         {
@@ -62,7 +65,60 @@ def test_the_runtime_volume_is_mounted_read_only_and_the_port_published_on_loopb
             "VolumeOptions": {"NoCopy": True},
         }
     ]
+    # The executor is reached on Orchard's network, at the container's address.
+    assert "PortBindings" not in host
+
+
+def test_a_network_of_ones_own_is_joined_with_the_port_published_on_loopback_only() -> None:
+    host = body(DockerConfig(network="mine"))["HostConfig"]
+    assert host["NetworkMode"] == "mine"
     assert host["PortBindings"] == {"8750/tcp": [{"HostIp": "127.0.0.1", "HostPort": ""}]}
+
+
+def test_hardened_by_default() -> None:
+    host = body()["HostConfig"]
+    assert host["CapDrop"] == ["ALL"]
+    assert host["CapAdd"] == list(CAPABILITIES)
+    assert not {"MKNOD", "NET_RAW", "SYS_ADMIN", "SYS_CHROOT", "SETFCAP"} & set(host["CapAdd"])
+    assert host["SecurityOpt"] == ["no-new-privileges:true"]
+    assert host["PidsLimit"] == DockerConfig().pids_limit
+    assert host["Ulimits"] == [{"Name": "nofile", "Soft": 16384, "Hard": 16384}]
+    assert host["Memory"] == host["MemorySwap"] == 8 * 2**30
+    assert host["IpcMode"] == "private"
+    assert "Runtime" not in host
+
+
+def test_hardening_options() -> None:
+    config = DockerConfig(
+        cap_add=["sys_ptrace", "CAP_NET_ADMIN", "KILL"],
+        no_new_privileges=False,
+        pids_limit=None,
+        nofile=1024,
+        default_memory=None,
+        runtime="runsc",
+    )
+    host = body(config)["HostConfig"]
+    assert host["CapAdd"] == [*CAPABILITIES, "SYS_PTRACE", "NET_ADMIN"]
+    assert host["SecurityOpt"] == []
+    assert "PidsLimit" not in host
+    assert host["Ulimits"] == [{"Name": "nofile", "Soft": 1024, "Hard": 1024}]
+    assert "Memory" not in host
+    assert host["Runtime"] == "runsc"
+    assert body(config, memory="1Gi")["HostConfig"]["Memory"] == 2**30
+
+
+@pytest.mark.parametrize(
+    ("options", "option"),
+    [
+        ({"cap_add": ["sys ptrace"]}, "cap_add"),
+        ({"pids_limit": 0}, "pids_limit"),
+        ({"nofile": -1}, "nofile"),
+        ({"default_memory": "lots"}, "default_memory"),
+    ],
+)
+def test_bad_hardening_options_are_config_errors_naming_the_option(options: dict[str, Any], option: str) -> None:
+    with pytest.raises(ConfigError, match=option):
+        body(DockerConfig(**options))
 
 
 def test_limits_env_workdir_labels_and_expiry() -> None:

@@ -81,10 +81,24 @@ class DockerConfig(msgspec.Struct, kw_only=True, frozen=True, tag="docker", forb
     host: str | None = None
     #: The image built from Dockerfile.executor; a volume is filled from it once.
     injector_image: str = "orchard-executor:latest"
-    #: Port the executor listens on inside the container (published on 127.0.0.1).
+    #: Port the executor listens on inside the container, reached at the container's address.
     executor_port: int = 8750
-    #: Docker network the sandbox containers join (default: the engine's bridge).
+    #: A Docker network to join instead of Orchard's own (the executor port is then published on
+    #: 127.0.0.1): the spec's ``network=False`` and the isolation between sandboxes are then yours.
     network: str | None = None
+    #: Capabilities added to the few every sandbox keeps (CHOWN, DAC_OVERRIDE, FOWNER, FSETID, KILL,
+    #: SETGID, SETUID, NET_BIND_SERVICE), e.g. ``["SYS_PTRACE"]`` for gdb or strace.
+    cap_add: list[str] = []
+    #: Refuse privileges gained by exec (setuid binaries, file capabilities); False lets ``sudo`` work.
+    no_new_privileges: bool = True
+    #: Most processes and threads a sandbox may have at once (None: no limit).
+    pids_limit: int | None = 2048
+    #: Open file limit (soft and hard) of every process in a sandbox; at most the engine's own.
+    nofile: int = 16384
+    #: Memory of a sandbox whose spec gives none, as a Kubernetes quantity (None: no limit).
+    default_memory: str | None = "8Gi"
+    #: OCI runtime of the containers, e.g. "runsc" for gVisor where installed (default: the engine's).
+    runtime: str | None = None
 
 
 BackendConfig = LocalConfig | KubernetesConfig | DockerConfig

@@ -4,20 +4,29 @@ The executor is injected, never built in: a volume is filled once (per
 injector image) from the image built by ``Dockerfile.executor``, mounted
 read-only at ``/.orchard`` in every sandbox container, and the container's
 command is replaced by the bundled launcher, which needs nothing from the
-image. The executor port is published on 127.0.0.1 only; exec and files go
-straight to it. Everything else goes through the Docker Engine API on its
-socket, with aiohttp (never the docker CLI).
+image. Exec and files go straight to the executor at the container's address
+on its bridge; everything else goes through the Docker Engine API on its
+socket (``docker_engine``, aiohttp, never the docker CLI).
+
+Every container is hardened (``DockerConfig`` documents each default): all
+capabilities dropped but the few a root task needs (``CAPABILITIES``),
+``no-new-privileges``, pids, nofile and memory limits, a private IPC
+namespace, and Orchard's own network with inter-container traffic off:
+``orchard-internal`` (no route out) for ``network=False``, ``orchard-egress``
+for ``network=True``. Docker leaves one door open: a container reaches this
+host at its bridge's address, where services listening on every interface
+answer. The host's firewall closes it for ``orchard-int``, the internal
+network's bridge (``scripts/docker-setup.sh`` adds the rules).
 
 Every container carries labels (sandbox, session, owning process, expiry),
 so ``collect_garbage`` (``orchard gc --backend docker``) can remove what a
 dead client left behind without any server.
 
 Enforced from the spec: image (and its pull policy), cpu, memory (no swap
-on top), env, workdir, labels and annotations (both as labels), ttl and
-idle_timeout. Not yet: ``network=False`` (containers join the engine's
-bridge, or ``DockerConfig.network``, and can reach out), and the Kubernetes
-scheduling fields. The engine must run on this machine: the executor is
-reached through its port published on 127.0.0.1.
+on top), env, workdir, labels and annotations (both as labels), ttl,
+idle_timeout and network. Not: the Kubernetes scheduling fields. The engine
+must run on this machine: the executor is reached on its bridge (or, with
+``DockerConfig.network``, through its port published on 127.0.0.1).
 """
 
 from __future__ import annotations
@@ -30,19 +39,16 @@ import re
 import socket
 import time
 from typing import Any
-from urllib.parse import quote
 
 import aiohttp
-import msgspec
 
 from .. import _retry
 from .._spec import SandboxSpec
 from ..errors import ConfigError, OrchardError, SandboxLost, SandboxStartError, SandboxTimeout
 from . import DockerConfig
 from .bundle import MOUNT, install, launcher
+from .docker_engine import ContainerSummary, DockerError, Engine, Network
 
-#: The Engine API version spoken: Docker 20.10's, which later engines serve too.
-API_VERSION = "1.41"
 ROLE_LABEL = "orchard.dev/role"
 SANDBOX_LABEL = "orchard.dev/sandbox"
 SESSION_LABEL = "orchard.dev/session"
@@ -55,75 +61,15 @@ DIAGNOSE_GRACE = 5.0
 #: Runtime volumes this process has filled, by (engine, injector image id):
 #: every Client after the first one skips the installer.
 _FILLED: dict[tuple[str, str], str] = {}
-_LOG_TAIL = 2000
-
-
-class DockerError(OrchardError):
-    """The Docker Engine API answered with an error, or could not be reached (status 0)."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(f"Docker Engine API: {status}: {message}" if status else message)
-        self.status = status
-        self.message = message
-
-
-# -- What the Engine API returns (only the fields read) --
-
-
-class _State(msgspec.Struct, rename="pascal", frozen=True):
-    status: str = ""
-    running: bool = False
-    oom_killed: bool = msgspec.field(default=False, name="OOMKilled")
-    exit_code: int = 0
-    error: str = ""
-
-
-class _Binding(msgspec.Struct, frozen=True):
-    host_ip: str = msgspec.field(default="", name="HostIp")
-    host_port: str = msgspec.field(default="", name="HostPort")
-
-
-class _Network(msgspec.Struct, rename="pascal", frozen=True):
-    ports: dict[str, list[_Binding] | None] | None = None
-
-
-class _Config(msgspec.Struct, rename="pascal", frozen=True):
-    labels: dict[str, str] | None = None
-
-
-class Container(msgspec.Struct, rename="pascal", frozen=True):
-    """A container, as much of ``GET /containers/{id}/json`` as is read."""
-
-    id: str = ""
-    name: str = ""
-    state: _State = _State()
-    network_settings: _Network = _Network()
-    config: _Config = _Config()
-
-
-class ContainerSummary(msgspec.Struct, rename="pascal", frozen=True):
-    """One entry of ``GET /containers/json``."""
-
-    id: str = ""
-    names: list[str] = []
-    state: str = ""
-    status: str = ""
-    created: int = 0
-    labels: dict[str, str] | None = None
-
-
-class _Image(msgspec.Struct, rename="pascal", frozen=True):
-    id: str = ""
-
-
-class _Wait(msgspec.Struct, rename="pascal", frozen=True):
-    status_code: int = 0
-
-
-_CONTAINER = msgspec.json.Decoder(Container)
-_SUMMARIES = msgspec.json.Decoder(list[ContainerSummary])
-_IMAGE = msgspec.json.Decoder(_Image)
-_WAIT = msgspec.json.Decoder(_Wait)
+#: Orchard's own networks, by the spec's ``network``: (network name, bridge interface).
+#: Both have inter-container traffic off; the one for ``network=False`` is internal
+#: (no route out). The bridge names are fixed so that two clients creating a network
+#: at once conflict (the engine allows two networks of one name, never two with one
+#: bridge), and so that the host's firewall can name them: ``scripts/docker-setup.sh``
+#: refuses connections from ``orchard-int`` to the host itself.
+NETWORKS = {False: ("orchard-internal", "orchard-int"), True: ("orchard-egress", "orchard-egress")}
+_ICC = "com.docker.network.bridge.enable_icc"
+_BRIDGE = "com.docker.network.bridge.name"
 
 
 # -- Pure functions of the spec --
@@ -172,16 +118,29 @@ def nano_cpus(quantity: str | float) -> int:
     return int(cores * 1e9)
 
 
-def image_reference(image: str) -> tuple[str, str]:
-    """Split an image into (repository, tag or digest) for a pull; the tag defaults to ``latest``."""
-    if "@" in image:
-        repo, digest = image.split("@", 1)
-        return repo, digest
-    last = image.rsplit("/", 1)[-1]
-    if ":" in last:
-        repo, tag = image.rsplit(":", 1)
-        return repo, tag
-    return image, "latest"
+#: The capabilities every sandbox keeps, of Docker's default set. A task image runs
+#: as root and must still install packages, add users and run things as them:
+#: CHOWN, DAC_OVERRIDE, FOWNER and FSETID for files owned by others (dpkg, pip,
+#: git, chown -R), SETUID and SETGID to switch users (su, setpriv, apt's _apt
+#: sandbox), KILL to signal their processes (the executor ends every process of
+#: a sandbox), NET_BIND_SERVICE for servers on low ports. Dropped from Docker's
+#: default: MKNOD (device nodes), NET_RAW (raw sockets: spoofing and sniffing on
+#: the bridge), SYS_CHROOT, SETFCAP and SETPCAP (building privileged binaries
+#: and capability sets) and AUDIT_WRITE; ``DockerConfig.cap_add`` adds more.
+CAPABILITIES = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID", "NET_BIND_SERVICE")
+_CAPABILITY = re.compile(r"^[A-Z][A-Z0-9_]*$")
+
+
+def capabilities(cap_add: list[str]) -> list[str]:
+    """The ``CapAdd`` of a sandbox: the kept set plus ``cap_add`` (``"sys_ptrace"`` or ``"CAP_SYS_PTRACE"``)."""
+    added = []
+    for cap in cap_add:
+        name = cap.strip().upper().removeprefix("CAP_")
+        if not _CAPABILITY.match(name):
+            raise ConfigError(f"DockerConfig(cap_add=...): {cap!r} is not a capability name such as 'SYS_PTRACE'")
+        if name not in CAPABILITIES and name not in added:
+            added.append(name)
+    return [*CAPABILITIES, *added]
 
 
 def container_config(
@@ -194,6 +153,7 @@ def container_config(
     port: int,
     owner: str,
     created_at: float,
+    config: DockerConfig | None = None,
     network: str | None = None,
 ) -> dict[str, Any]:
     """The ``POST /containers/create`` body for one sandbox.
@@ -201,9 +161,17 @@ def container_config(
     The image's own entrypoint and command are replaced by the launcher; its
     environment, user and working directory stay (``env`` and ``workdir``
     add to and override them). Only the token's SHA-256 is in the container.
+    The container is hardened as ``config`` says (see ``DockerConfig``); it
+    joins ``network``, or ``config.network`` with its port published on
+    127.0.0.1.
     """
+    config = config or DockerConfig()
     if spec.workdir and not spec.workdir.startswith("/"):
         raise ConfigError(f"workdir={spec.workdir!r} must be an absolute path")
+    if config.pids_limit is not None and config.pids_limit <= 0:
+        raise ConfigError(f"DockerConfig(pids_limit={config.pids_limit}) must be positive, or None for no limit")
+    if config.nofile <= 0:
+        raise ConfigError(f"DockerConfig(nofile={config.nofile}) must be positive")
     labels = {
         **spec.annotations,
         **spec.labels,
@@ -224,15 +192,30 @@ def container_config(
         "Mounts": [
             {"Type": "volume", "Source": volume, "Target": MOUNT, "ReadOnly": True, "VolumeOptions": {"NoCopy": True}}
         ],
-        "PortBindings": {f"{port}/tcp": [{"HostIp": "127.0.0.1", "HostPort": ""}]},
+        "CapDrop": ["ALL"],
+        "CapAdd": capabilities(config.cap_add),
+        "SecurityOpt": ["no-new-privileges:true"] if config.no_new_privileges else [],
+        "Ulimits": [{"Name": "nofile", "Soft": config.nofile, "Hard": config.nofile}],
+        "IpcMode": "private",
     }
-    if network:
+    if config.pids_limit is not None:
+        host["PidsLimit"] = config.pids_limit
+    if config.runtime:
+        host["Runtime"] = config.runtime
+    if config.network:
+        host["NetworkMode"] = config.network
+        host["PortBindings"] = {f"{port}/tcp": [{"HostIp": "127.0.0.1", "HostPort": ""}]}
+    elif network:
         host["NetworkMode"] = network
     if spec.cpu is not None:
         host["NanoCpus"] = nano_cpus(spec.cpu)
-    if spec.memory is not None:
+    if spec.memory is not None or config.default_memory is not None:
+        try:
+            memory = memory_bytes(spec.memory or config.default_memory or "")
+        except ConfigError as exc:
+            raise ConfigError(f"{exc} (DockerConfig(default_memory=...) applies when the spec gives none)") from None
         # No swap on top: a sandbox over its memory is OOM-killed, as on Kubernetes.
-        host["Memory"] = host["MemorySwap"] = memory_bytes(spec.memory)
+        host["Memory"] = host["MemorySwap"] = memory
     body: dict[str, Any] = {
         "Image": spec.image,
         "Entrypoint": launcher(),
@@ -289,141 +272,44 @@ def garbage_reason(container: ContainerSummary, now: float, hostname: str) -> st
     return None
 
 
-def _demux(raw: bytes) -> str:
-    """Container logs without the stream headers the Engine API frames them with."""
-    out = bytearray()
-    while len(raw) >= 8 and raw[0] in (0, 1, 2) and raw[1:4] == b"\0\0\0":
-        size = int.from_bytes(raw[4:8], "big")
-        out += raw[8 : 8 + size]
-        raw = raw[8 + size :]
-    out += raw
-    return out.decode("utf-8", "replace").strip()
+# -- Networks --
 
 
-# -- The Engine API --
+async def ensure_network(engine: Engine, name: str, bridge: str, *, egress: bool) -> str:
+    """The id of a network for sandboxes with (or without) egress, ICC off, created if missing.
 
-
-class Engine:
-    """A minimal async Docker Engine API client over one aiohttp session."""
-
-    def __init__(self, host: str | None) -> None:
-        address = host or os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
-        if address.startswith("unix://"):
-            self._socket: str | None = address.removeprefix("unix://")
-            self._base = f"http://docker/v{API_VERSION}"
-        elif address.startswith(("tcp://", "http://")):
-            self._socket = None
-            self._base = "http://" + address.split("://", 1)[1].rstrip("/") + f"/v{API_VERSION}"
-        else:
-            raise ConfigError(
-                f"docker host {address!r} is not unix://PATH or tcp://HOST:PORT; set DockerConfig(host=...)"
-            )
-        self.address = address
-        self._session: aiohttp.ClientSession | None = None
-
-    def _http(self) -> aiohttp.ClientSession:
-        if self._session is None:
-            connector: aiohttp.BaseConnector = (
-                aiohttp.UnixConnector(path=self._socket, limit=0)
-                if self._socket is not None
-                else aiohttp.TCPConnector(limit=0)
-            )
-            self._session = aiohttp.ClientSession(connector=connector)
-        return self._session
-
-    async def request(
-        self,
-        method: str,
-        path: str,
-        *,
-        params: dict[str, str] | None = None,
-        body: Any = None,
-        timeout: float | None = 60.0,
-    ) -> bytes:
-        """One API call; raises ``DockerError`` on an error status or if the engine is unreachable."""
-        data = None if body is None else msgspec.json.encode(body)
-        headers = {"Content-Type": "application/json"} if data is not None else None
+    Safe to race: of two clients creating it at once, one fails on the bridge name
+    and takes the other's network.
+    """
+    found = await engine.networks(name)
+    if not found:
+        body = {
+            "Name": name,
+            "Driver": "bridge",
+            "Internal": not egress,
+            "CheckDuplicate": True,
+            "Options": {_ICC: "false", _BRIDGE: bridge},
+            "Labels": {ROLE_LABEL: "network"},
+        }
+        refused: DockerError | None = None
         try:
-            async with self._http().request(
-                method,
-                self._base + path,
-                params=params,
-                data=data,
-                headers=headers,
-                timeout=aiohttp.ClientTimeout(total=timeout),
-            ) as resp:
-                raw = await resp.read()
-                if resp.status >= 400:
-                    try:
-                        message = str(json.loads(raw)["message"])
-                    except (ValueError, KeyError, TypeError):
-                        message = raw.decode("utf-8", "replace")[:500]
-                    raise DockerError(resp.status, message)
-                return raw
-        except aiohttp.ClientConnectionError as exc:
-            raise DockerError(
-                0,
-                f"cannot reach the Docker engine at {self.address}: {exc}; is dockerd running "
-                "(scripts/docker-setup.sh starts one)? Otherwise set DockerConfig(host=...) or DOCKER_HOST",
-            ) from exc
-
-    async def inspect(self, container: str) -> Container:
-        """A container's state, or ``DockerError`` 404 if it is gone."""
-        return _CONTAINER.decode(await self.request("GET", f"/containers/{container}/json"))
-
-    async def wait(self, container: str) -> int:
-        """Wait until the container is not running; its exit status."""
-        raw = await self.request(
-            "POST", f"/containers/{container}/wait", params={"condition": "not-running"}, timeout=None
-        )
-        return _WAIT.decode(raw).status_code
-
-    async def logs(self, container: str, tail: int = 30) -> str:
-        """The last lines the container wrote (stdout and stderr)."""
-        with contextlib.suppress(DockerError):
-            raw = await self.request(
-                "GET", f"/containers/{container}/logs", params={"stdout": "1", "stderr": "1", "tail": str(tail)}
-            )
-            return _demux(raw)[-_LOG_TAIL:]
-        return ""
-
-    async def remove(self, container: str) -> None:
-        """Kill and remove a container and its anonymous volumes; gone already is fine."""
-        try:
-            await self.request("DELETE", f"/containers/{container}", params={"force": "1", "v": "1"})
+            await engine.request("POST", "/networks/create", body=body)
         except DockerError as exc:
-            if exc.status not in (404, 409):  # 409: its removal is already in progress
+            if exc.status == 0:
                 raise
-
-    async def containers(self, label: str) -> list[ContainerSummary]:
-        """Every container (running or not) with a label (``key=value``)."""
-        filters = json.dumps({"label": [label]})
-        return _SUMMARIES.decode(await self.request("GET", "/containers/json", params={"all": "1", "filters": filters}))
-
-    async def image_id(self, image: str) -> str | None:
-        """The image's id, or None if the engine does not have it."""
-        try:
-            return _IMAGE.decode(await self.request("GET", f"/images/{quote(image, safe='')}/json")).id
-        except DockerError as exc:
-            if exc.status == 404:
-                return None
-            raise
-
-    async def pull(self, image: str) -> None:
-        """Pull an image; ``DockerError`` with the registry's message if it fails."""
-        repo, tag = image_reference(image)
-        raw = await self.request("POST", "/images/create", params={"fromImage": repo, "tag": tag}, timeout=None)
-        # Failures after the transfer began arrive as an "error" line in a 200 stream.
-        for line in raw.splitlines():
-            with contextlib.suppress(ValueError):
-                event = json.loads(line)
-                if isinstance(event, dict) and event.get("error"):
-                    raise DockerError(500, str(event["error"]))
-
-    async def close(self) -> None:
-        """Close the HTTP session."""
-        if self._session is not None:
-            await self._session.close()
+            refused = exc  # most likely another client made it first (same name or bridge): use theirs
+        found = await engine.networks(name)
+        if not found:
+            message = refused.message if refused else "it is not listed after its creation"
+            raise SandboxStartError(f"cannot create the Docker network {name!r}: {message}", reason="NetworkError")
+    network: Network = min(found, key=lambda n: (n.created, n.id))
+    if network.internal == egress or (network.options or {}).get(_ICC) != "false":
+        raise SandboxStartError(
+            f"the Docker network {name!r} exists without the settings Orchard gives it (internal={not egress}, "
+            f"{_ICC}=false): remove it (docker network rm {name}) or choose one with DockerConfig(network=...)",
+            reason="NetworkMismatch",
+        )
+    return network.id
 
 
 # -- Sandboxes --
@@ -528,6 +414,8 @@ class DockerBackend:
         self._owner = owner_label()
         self._volume: str | None = None
         self._volume_lock = asyncio.Lock()
+        self._networks: dict[bool, str] = {}
+        self._network_lock = asyncio.Lock()
 
     async def runtime_volume(self) -> str:
         """The volume holding the executor runtime, filled from the injector image once."""
@@ -535,6 +423,16 @@ class DockerBackend:
             if self._volume is None:
                 self._volume = await self._fill_volume()
             return self._volume
+
+    async def sandbox_network(self, egress: bool) -> str:
+        """The network a sandbox joins: ``DockerConfig.network``, else Orchard's own (by id)."""
+        if self.config.network:
+            return self.config.network
+        async with self._network_lock:
+            if egress not in self._networks:
+                name, bridge = NETWORKS[egress]
+                self._networks[egress] = await ensure_network(self._engine, name, bridge, egress=egress)
+            return self._networks[egress]
 
     async def _fill_volume(self) -> str:
         injector = self.config.injector_image
@@ -612,11 +510,12 @@ class DockerBackend:
             port=self.config.executor_port,
             owner=self._owner,
             created_at=time.time(),
-            network=self.config.network,
+            config=self.config,
         )
         try:
             async with asyncio.timeout(spec.start_timeout):
                 body["HostConfig"]["Mounts"][0]["Source"] = await self.runtime_volume()
+                body["HostConfig"]["NetworkMode"] = await self.sandbox_network(spec.network)
                 await self._ensure_image(spec, sandbox_id)
                 return await self._create_and_start(spec, sandbox_id, body, t0)
         except TimeoutError:
@@ -638,21 +537,26 @@ class DockerBackend:
     async def _create_and_start(
         self, spec: SandboxSpec, sandbox_id: str, body: dict[str, Any], t0: float
     ) -> DockerInstance:
+        create = asyncio.ensure_future(
+            self._engine.request("POST", "/containers/create", params={"name": sandbox_id}, body=body)
+        )
         try:
-            created = json.loads(
-                await self._engine.request("POST", "/containers/create", params={"name": sandbox_id}, body=body)
-            )
+            created = json.loads(await asyncio.shield(create))
         except DockerError as exc:
             if exc.status == 0:
                 raise
             raise SandboxStartError(
-                f"sandbox {sandbox_id}: the Docker engine refused the container: {exc.message}",
+                f"sandbox {sandbox_id}: the Docker engine refused the container: {exc.message}{self._hint(exc)}",
                 sandbox_id=sandbox_id,
-                reason="ImageNotFound" if exc.status == 404 else "CreateContainerError",
+                reason="ImageNotFound"
+                if exc.status == 404
+                else "UnknownRuntime"
+                if "runtime" in exc.message.lower()
+                else "CreateContainerError",
             ) from exc
         except BaseException:
             # Interrupted (a timeout): the container may exist without our knowing its id.
-            await asyncio.shield(self._engine.remove(sandbox_id))
+            await asyncio.shield(self._discard(create, sandbox_id))
             raise
         instance = DockerInstance(self._engine, sandbox_id, created["Id"], t0)
         instance.mark("created")
@@ -661,7 +565,7 @@ class DockerBackend:
                 await self._engine.request("POST", f"/containers/{instance.container_id}/start")
             except DockerError as exc:
                 raise SandboxStartError(
-                    f"sandbox {sandbox_id}: the container did not start: {exc.message}",
+                    f"sandbox {sandbox_id}: the container did not start: {exc.message}{self._hint(exc)}",
                     sandbox_id=sandbox_id,
                     reason="RunContainerError",
                 ) from exc
@@ -675,6 +579,26 @@ class DockerBackend:
             instance.expire_after(spec.ttl)
         return instance
 
+    async def _discard(self, create: asyncio.Future[bytes], sandbox_id: str) -> None:
+        """Remove a container whose create call was interrupted, once the engine has answered it.
+
+        Removed before the engine is done creating it, it would be created after.
+        """
+        with contextlib.suppress(Exception):
+            await create
+        await self._engine.remove(sandbox_id)
+
+    def _hint(self, refusal: DockerError) -> str:
+        """The option to fix when the engine refuses a container for one of ours."""
+        message = refusal.message.lower()
+        if "runtime" in message:
+            return f"; DockerConfig(runtime={self.config.runtime!r}) names a runtime this engine does not have"
+        if "capadd" in message or "capability" in message:
+            return f"; check DockerConfig(cap_add={self.config.cap_add!r})"
+        if "rlimit" in message:
+            return f"; DockerConfig(nofile={self.config.nofile}) may be above the engine's own open file limit"
+        return ""
+
     async def _died(self, instance: DockerInstance) -> SandboxStartError:
         fate = await instance.fate()
         reason, message = fate if fate is not None else ("exited", "the container stopped")
@@ -685,11 +609,21 @@ class DockerBackend:
     async def _wait_ready(self, instance: DockerInstance) -> None:
         """Poll /healthz on the published port, failing as soon as the container stops."""
         info = await self._engine.inspect(instance.container_id)
-        bindings = (info.network_settings.ports or {}).get(f"{self.config.executor_port}/tcp") or []
-        port = next((b.host_port for b in bindings if b.host_port), None)
-        if port is None:
-            raise await self._died(instance)
-        instance.base_url = f"http://127.0.0.1:{port}"
+        if self.config.network:
+            bindings = (info.network_settings.ports or {}).get(f"{self.config.executor_port}/tcp") or []
+            port = next((b.host_port for b in bindings if b.host_port), None)
+            if port is None:
+                raise await self._died(instance)
+            instance.base_url = f"http://127.0.0.1:{port}"
+        else:
+            # Nothing is published on an internal network: the executor is reached on the
+            # bridge, an interface of this host that only its sandboxes share, at the
+            # container's own address.
+            endpoints = (info.network_settings.networks or {}).values()
+            address = next((e.ip_address for e in endpoints if e.ip_address), None)
+            if address is None:
+                raise await self._died(instance)
+            instance.base_url = f"http://{address}:{self.config.executor_port}"
         stopped = asyncio.ensure_future(self._engine.wait(instance.container_id))
         try:
             for delay in _retry.poll_delays():
