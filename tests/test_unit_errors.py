@@ -27,6 +27,7 @@ EXPECTED: dict[str, tuple[type[errors.ExecutorError], type[BaseException]]] = {
     "process_not_found": (errors.ProcessNotFound, LookupError),
     "session_not_found": (errors.SessionNotFound, LookupError),
     "unsupported": (errors.Unsupported, NotImplementedError),
+    "unsafe_archive": (errors.UnsafeUpload, errors.UnsafeArchive),
     "internal": (errors.ExecutorError, errors.OrchardError),
 }
 

@@ -1,7 +1,13 @@
-"""Streamed tar in and out (shared by client and executor), in-process on a temp dir."""
+"""Streamed tar in and out (shared by client and executor), in-process on a temp dir.
+
+The extraction rules are the defence of the host against what a sandbox made:
+every hostile case must raise ``tarstream.Refused`` and leave the destination
+exactly as it was.
+"""
 
 from __future__ import annotations
 
+import gzip
 import io
 import os
 import stat
@@ -15,26 +21,60 @@ from orchard_executor import tarstream
 
 pytestmark = pytest.mark.unit
 
+Member = tuple[tarfile.TarInfo, bytes | None]
 
-def tar_bytes(members: list[tuple[tarfile.TarInfo, bytes | None]]) -> bytes:
+
+def tar_bytes(members: list[Member], fmt: int = tarfile.GNU_FORMAT) -> bytes:
     buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
+    with tarfile.open(fileobj=buf, mode="w", format=fmt) as tar:
         for info, data in members:
             tar.addfile(info, io.BytesIO(data) if data is not None else None)
     return buf.getvalue()
 
 
-def member(name: str, data: bytes = b"", **attrs: object) -> tuple[tarfile.TarInfo, bytes | None]:
+def member(name: str, data: bytes = b"", **attrs: object) -> Member:
     info = tarfile.TarInfo(name)
     info.size = len(data)
+    info.mode = 0o644
     for k, v in attrs.items():
         setattr(info, k, v)
+    if not info.isreg():
+        info.size = 0
     return info, data if info.isreg() else None
 
 
 async def chunks(data: bytes, size: int = 1000) -> AsyncIterator[bytes]:
     for i in range(0, len(data), size):
         yield data[i : i + size]
+
+
+def snapshot(root: Path) -> dict[str, tuple[int, int, int, bytes | str | None]]:
+    """Every entry under root: lstat mode, owner, size, and content or link target."""
+    found: dict[str, tuple[int, int, int, bytes | str | None]] = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            path = Path(dirpath) / name
+            st = os.lstat(path)
+            if stat.S_ISLNK(st.st_mode):
+                body: bytes | str | None = os.readlink(path)
+            elif stat.S_ISREG(st.st_mode):
+                body = path.read_bytes()
+            else:
+                body = None
+            found[str(path.relative_to(root))] = (st.st_mode, st.st_uid, st.st_size, body)
+    return found
+
+
+@pytest.fixture
+def dest(tmp_path: Path) -> Path:
+    """A destination that already holds a file and a directory, beside a file outside it."""
+    d = tmp_path / "dest"
+    (d / "sub").mkdir(parents=True)
+    (d / "keep.txt").write_text("keep")
+    os.chmod(d / "keep.txt", 0o640)
+    (d / "sub" / "old.txt").write_text("old")
+    (tmp_path / "outside-target").write_text("secret")
+    return d
 
 
 async def test_archive_then_extract_keeps_the_tree(tmp_path: Path) -> None:
@@ -44,15 +84,18 @@ async def test_archive_then_extract_keeps_the_tree(tmp_path: Path) -> None:
     (src / "x").write_text("x")
     os.chmod(src / "x", 0o600)
     os.symlink("a/f.bin", src / "link")
+    os.link(src / "x", src / "hard")
     dest = tmp_path / "dest"
 
     await tarstream.extract(tarstream.archive(str(src)), str(dest))
 
-    assert sorted(os.listdir(dest)) == ["a", "link", "x"]
+    assert sorted(os.listdir(dest)) == ["a", "hard", "link", "x"]
     assert (dest / "a" / "f.bin").read_bytes() == (src / "a" / "f.bin").read_bytes()
     assert (dest / "a" / "empty").is_dir()
     assert stat.S_IMODE(os.stat(dest / "x").st_mode) == 0o600
     assert os.readlink(dest / "link") == "a/f.bin"
+    assert os.stat(dest / "hard").st_ino == os.stat(dest / "x").st_ino
+    assert [p for p in os.listdir(tmp_path) if p not in ("src", "dest")] == []
 
 
 async def test_a_single_file_is_archived_under_its_own_name(tmp_path: Path) -> None:
@@ -68,30 +111,195 @@ async def test_archiving_a_missing_path_raises(tmp_path: Path) -> None:
             pass
 
 
+async def test_extracting_merges_into_an_existing_destination(dest: Path) -> None:
+    data = tar_bytes([member("sub/new.txt", b"new"), member("top.txt", b"top"), member("keep.txt", b"replaced")])
+    await tarstream.extract(chunks(data), str(dest))
+    assert (dest / "sub" / "old.txt").read_text() == "old"
+    assert (dest / "sub" / "new.txt").read_text() == "new"
+    assert (dest / "top.txt").read_text() == "top"
+    assert (dest / "keep.txt").read_text() == "replaced"
+
+
 @pytest.mark.parametrize(
-    "evil",
+    ("kind", "mode", "expected"),
     [
-        [member("../escaped.txt", b"x")],
-        [member("/abs-escaped.txt", b"x")],
-        [member("inner/../../escaped.txt", b"x")],
-        # A symlink out of the tree, then a file written through it.
-        [member("link", type=tarfile.SYMTYPE, linkname=".."), member("link/escaped.txt", b"x")],
-        [member("hard", type=tarfile.LNKTYPE, linkname="../outside-target")],
+        (tarfile.REGTYPE, 0o4755, 0o755),
+        (tarfile.REGTYPE, 0o2755, 0o755),
+        (tarfile.REGTYPE, 0o6777, 0o755),
+        (tarfile.REGTYPE, 0o666, 0o644),
+        (tarfile.REGTYPE, 0o622, 0o600),
+        (tarfile.DIRTYPE, 0o1777, 0o755),
+        (tarfile.DIRTYPE, 0o2775, 0o755),
     ],
-    ids=["dotdot", "absolute", "nested-dotdot", "through-symlink", "hardlink-out"],
+    ids=[
+        "setuid",
+        "setgid",
+        "setuid-setgid-world-writable",
+        "world-writable",
+        "group-write",
+        "sticky-dir",
+        "setgid-dir",
+    ],
 )
-async def test_members_leaving_the_destination_are_refused(
-    tmp_path: Path, evil: list[tuple[tarfile.TarInfo, bytes | None]]
+async def test_modes_lose_setuid_setgid_sticky_and_group_other_write(
+    tmp_path: Path, kind: bytes, mode: int, expected: int
 ) -> None:
-    (tmp_path / "outside-target").write_text("secret")
-    dest = tmp_path / "dest"
-    with pytest.raises(tarfile.TarError):
-        await tarstream.extract(chunks(tar_bytes(evil)), str(dest))
-    assert not (tmp_path / "escaped.txt").exists()
+    data = tar_bytes([member("it", b"#!/bin/sh\n" if kind == tarfile.REGTYPE else b"", type=kind, mode=mode)])
+    await tarstream.extract(chunks(data), str(tmp_path / "d"))
+    assert stat.S_IMODE(os.lstat(tmp_path / "d" / "it").st_mode) == expected
+
+
+async def test_foreign_owners_are_not_applied(tmp_path: Path) -> None:
+    data = tar_bytes(
+        [
+            member("dir", type=tarfile.DIRTYPE, mode=0o755, uid=4242, gid=4343, uname="evil", gname="evil"),
+            member("dir/f", b"x", uid=4242, gid=4343, uname="evil", gname="evil"),
+            member("dir/l", type=tarfile.SYMTYPE, linkname="f", uid=4242, gid=4343),
+        ]
+    )
+    await tarstream.extract(chunks(data), str(tmp_path / "d"))
+    for name in ("dir", "dir/f", "dir/l"):
+        st = os.lstat(tmp_path / "d" / name)
+        assert (st.st_uid, st.st_gid) == (os.getuid(), os.getgid()), name
+
+
+def gzipped(data: bytes) -> bytes:
+    return gzip.compress(data)
+
+
+#: Hostile streams, each after a good member: the rule it breaks.
+HOSTILE: dict[str, tuple[list[Member], str]] = {
+    "char-device": ([member("null", type=tarfile.CHRTYPE, devmajor=1, devminor=3, mode=0o666)], "type"),
+    "block-device": ([member("sda", type=tarfile.BLKTYPE, devmajor=8, devminor=0, mode=0o666)], "type"),
+    "fifo": ([member("pipe", type=tarfile.FIFOTYPE)], "type"),
+    "absolute-symlink": ([member("l", type=tarfile.SYMTYPE, linkname="/etc/passwd")], "link"),
+    "dotdot-symlink": ([member("l", type=tarfile.SYMTYPE, linkname="../outside-target")], "link"),
+    "nested-dotdot-symlink": ([member("a/b/l", type=tarfile.SYMTYPE, linkname="../../../outside-target")], "link"),
+    "symlink-chain": (
+        [
+            member("up", type=tarfile.SYMTYPE, linkname="."),
+            member("sub", type=tarfile.DIRTYPE, mode=0o755),
+            # Lexically "up/sub/../.." is ".", but up is the root itself: it resolves to the parent.
+            member("esc", type=tarfile.SYMTYPE, linkname="up/sub/../.."),
+        ],
+        "link",
+    ),
+    "symlink-to-symlink-out": (
+        [
+            member("l1", type=tarfile.SYMTYPE, linkname="l2/x"),
+            member("l2", type=tarfile.SYMTYPE, linkname="../.."),
+        ],
+        "link",
+    ),
+    "write-through-symlink": (
+        [member("link", type=tarfile.SYMTYPE, linkname="sub"), member("link/escaped.txt", b"x")],
+        "link",
+    ),
+    "hardlink-out": ([member("hard", type=tarfile.LNKTYPE, linkname="../outside-target")], "link"),
+    "hardlink-absolute": ([member("hard", type=tarfile.LNKTYPE, linkname="/etc/passwd")], "link"),
+    "hardlink-to-destination-file": ([member("hard", type=tarfile.LNKTYPE, linkname="keep.txt")], "link"),
+    "dotdot-name": ([member("../escaped.txt", b"x")], "path"),
+    "absolute-name": ([member("/abs-escaped.txt", b"x")], "path"),
+    "nested-dotdot-name": ([member("inner/../../escaped.txt", b"x")], "path"),
+    "huge-pax-header": ([member("p", b"x", pax_headers={"comment": "c" * (2 * 1024 * 1024)})], "header"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE))
+async def test_hostile_members_are_refused_and_nothing_is_written(tmp_path: Path, dest: Path, case: str) -> None:
+    evil, rule = HOSTILE[case]
+    fmt = tarfile.PAX_FORMAT if case == "huge-pax-header" else tarfile.GNU_FORMAT
+    data = tar_bytes([member("good.txt", b"good"), *evil], fmt)
+    before = snapshot(tmp_path)
+    with pytest.raises(tarstream.Refused) as info:
+        await tarstream.extract(chunks(data), str(dest))
+    assert info.value.rule == rule
+    assert info.value.member is not None
+    assert info.value.member in str(info.value)
+    assert snapshot(tmp_path) == before
     assert not Path("/abs-escaped.txt").exists()
-    assert (tmp_path / "outside-target").read_text() == "secret"
 
 
-async def test_garbage_is_a_tar_error_and_does_not_hang(tmp_path: Path) -> None:
-    with pytest.raises(tarfile.TarError):
+async def test_a_compressed_stream_is_refused(tmp_path: Path, dest: Path) -> None:
+    before = snapshot(tmp_path)
+    with pytest.raises(tarstream.Refused) as info:
+        await tarstream.extract(chunks(gzipped(tar_bytes([member("a.txt", b"a" * 100_000)]))), str(dest))
+    assert info.value.rule == "compressed"
+    assert snapshot(tmp_path) == before
+
+
+async def test_too_many_members_is_refused(tmp_path: Path, dest: Path) -> None:
+    data = tar_bytes([member(f"f{i}", b"") for i in range(4)])
+    before = snapshot(tmp_path)
+    with pytest.raises(tarstream.Refused) as info:
+        await tarstream.extract(chunks(data), str(dest), max_members=3)
+    assert info.value.rule == "members"
+    assert snapshot(tmp_path) == before
+    await tarstream.extract(chunks(data), str(dest), max_members=4)
+    assert (dest / "f3").exists()
+
+
+async def test_too_many_bytes_is_refused(tmp_path: Path, dest: Path) -> None:
+    data = tar_bytes([member("a", b"a" * 60), member("b", b"b" * 41)])
+    before = snapshot(tmp_path)
+    with pytest.raises(tarstream.Refused) as info:
+        await tarstream.extract(chunks(data), str(dest), max_bytes=100)
+    assert info.value.rule == "bytes"
+    assert snapshot(tmp_path) == before
+    await tarstream.extract(chunks(data), str(dest), max_bytes=101)
+    assert (dest / "b").read_bytes() == b"b" * 41
+
+
+async def test_a_stream_broken_between_members_leaves_nothing(tmp_path: Path, dest: Path) -> None:
+    whole = tar_bytes([member("one.txt", b"1" * 700), member("two.txt", b"2")])
+    cut = 512 + 1024  # the first member's header and data, nothing more
+
+    async def broken() -> AsyncIterator[bytes]:
+        yield whole[:cut]
+        raise ConnectionResetError("the sandbox went away")
+
+    before = snapshot(tmp_path)
+    with pytest.raises(ConnectionResetError):
+        await tarstream.extract(broken(), str(dest))
+    assert snapshot(tmp_path) == before
+
+
+async def test_a_refused_download_into_a_missing_directory_creates_nothing(tmp_path: Path) -> None:
+    data = tar_bytes([member("good.txt", b"good"), member("pipe", type=tarfile.FIFOTYPE)])
+    with pytest.raises(tarstream.Refused):
+        await tarstream.extract(chunks(data), str(tmp_path / "new" / "deeper"))
+    assert os.listdir(tmp_path) == []
+
+
+async def test_garbage_is_refused_and_does_not_hang(tmp_path: Path) -> None:
+    with pytest.raises(tarstream.Refused) as info:
         await tarstream.extract(chunks(b"this is not a tar archive" * 1000), str(tmp_path / "d"))
+    assert info.value.rule == "malformed"
+    assert os.listdir(tmp_path) == []
+
+
+async def test_a_fifo_in_the_source_is_archived_as_a_header_and_refused(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.txt").write_text("a")
+    os.mkfifo(src / "pipe")
+    with pytest.raises(tarstream.Refused) as info:
+        await tarstream.extract(tarstream.archive(str(src)), str(tmp_path / "out"))
+    assert (info.value.rule, info.value.member) == ("type", "pipe")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_file_swapped_for_a_fifo_or_symlink_is_refused_without_blocking(tmp_path: Path) -> None:
+    (tmp_path / "was-a-file").write_text("x")
+    expected = os.lstat(tmp_path / "was-a-file")
+    os.unlink(tmp_path / "was-a-file")
+    os.mkfifo(tmp_path / "was-a-file")  # no writer: a blocking open would never return
+    os.symlink("/etc/passwd", tmp_path / "link")
+    dir_fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for name in ("was-a-file", "link"):
+            with pytest.raises(tarstream.Refused) as info:
+                tarstream.open_regular(name, dir_fd, expected)
+            assert info.value.rule == "changed"
+    finally:
+        os.close(dir_fd)

@@ -17,7 +17,7 @@ from typing import TypeVar
 import msgspec
 from aiohttp import web
 
-from . import __version__, files
+from . import __version__, files, tarstream
 from .errors import ExecutorError
 from .processes import ProcessTable
 from .protocol import (
@@ -508,7 +508,12 @@ async def file_remove(request: web.Request) -> web.Response:
 async def tar_upload(request: web.Request) -> web.Response:
     """Extract a tar stream into a directory."""
     path = _query_path(request)
-    await files.extract_tar(path, _body_chunks(request))
+    await files.extract_tar(
+        path,
+        _body_chunks(request),
+        max_bytes=_query_int(request, "max_bytes", tarstream.MAX_BYTES),
+        max_members=_query_int(request, "max_members", tarstream.MAX_MEMBERS),
+    )
     return _reply(request, files.file_stat(path))
 
 

@@ -20,6 +20,7 @@ STATUS: dict[str, int] = {
     "process_not_found": 404,
     "session_not_found": 404,
     "unsupported": 501,
+    "unsafe_archive": 400,
     "internal": 500,
 }
 

@@ -6,7 +6,6 @@ import contextlib
 import os
 import shutil
 import stat
-import tarfile
 import tempfile
 from collections.abc import AsyncIterator
 
@@ -136,14 +135,24 @@ async def write_atomic(path: str, chunks: AsyncIterator[bytes], *, mode: int, pa
         raise
 
 
-async def extract_tar(dest: str, chunks: AsyncIterator[bytes]) -> None:
-    """Extract a tar stream into ``dest`` (created if missing) as it arrives."""
+async def extract_tar(
+    dest: str,
+    chunks: AsyncIterator[bytes],
+    *,
+    max_bytes: int = tarstream.MAX_BYTES,
+    max_members: int = tarstream.MAX_MEMBERS,
+) -> None:
+    """Extract a plain tar stream into ``dest`` (created if missing), all or nothing.
+
+    A stream breaking a transfer rule (see ``tarstream``) is an
+    ``unsafe_archive`` error and writes nothing.
+    """
     try:
-        await tarstream.extract(chunks, dest)
+        await tarstream.extract(chunks, dest, max_bytes=max_bytes, max_members=max_members)
+    except tarstream.Refused as exc:
+        raise ExecutorError("unsafe_archive", str(exc), dest) from exc
     except OSError as exc:
         raise ExecutorError.from_os_error(exc, dest) from exc
-    except tarfile.TarError as exc:
-        raise ExecutorError("bad_request", f"cannot extract the tar stream: {exc}", dest) from exc
 
 
 async def stream_tar(src: str) -> AsyncIterator[bytes]:
@@ -151,5 +160,7 @@ async def stream_tar(src: str) -> AsyncIterator[bytes]:
     try:
         async for chunk in tarstream.archive(src):
             yield chunk
+    except tarstream.Refused as exc:
+        raise ExecutorError("unsafe_archive", str(exc), src) from exc
     except OSError as exc:
         raise ExecutorError.from_os_error(exc, src) from exc

@@ -68,6 +68,7 @@ ErrorCode = Literal[
     "process_not_found",
     "session_not_found",
     "unsupported",
+    "unsafe_archive",
     "internal",
 ]
 ERROR_CODES: frozenset[str] = frozenset(ErrorCode.__args__)  # type: ignore[attr-defined]

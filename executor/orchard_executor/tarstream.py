@@ -3,28 +3,93 @@
 tarfile is blocking, so the archive work runs in a thread and the chunks
 cross to the event loop through bounded queues: memory stays at a few
 chunks whatever the size of the tree.
+
+Extraction trusts nothing in the stream, because a download unpacks on the
+host what code in a sandbox made (and an upload, in the sandbox, what a
+client sent). Only plain tar is read; only regular files, directories,
+symlinks and hardlinks are accepted; setuid, setgid and sticky bits and
+group/other write are dropped; nothing is chowned; a symlink must be relative
+and resolve inside the destination, a hardlink must name an earlier file of
+the same stream; members and bytes are capped. The stream is unpacked into a
+staging directory and moved into place only once all of it was good, so a
+refusal (``Refused``), a broken stream or a full disk leaves the destination
+exactly as it was.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import io
 import os
 import queue
+import shutil
+import stat
 import tarfile
+import tempfile
 import threading
 from collections.abc import AsyncIterable, AsyncIterator
+from typing import Any, Self
 
 CHUNK = 256 * 1024
 _DEPTH = 16
 
+#: Default cap on the sum of the member sizes of one stream (4 GiB).
+MAX_BYTES = 4 * 1024**3
+#: Default cap on the number of members of one stream.
+MAX_MEMBERS = 100_000
+#: Cap on one pax or GNU long-name header, which tarfile reads whole into memory.
+MAX_HEADER = 1024 * 1024
+#: The permission bits kept: no setuid, setgid or sticky bit, no group or other write.
+SAFE_MODE = 0o755
+
+_FILE_TYPES = (tarfile.REGTYPE, tarfile.AREGTYPE, tarfile.CONTTYPE)
+_META_TYPES = (tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK, tarfile.XHDTYPE, tarfile.XGLTYPE)
+_KINDS = {
+    tarfile.CHRTYPE: "a character device",
+    tarfile.BLKTYPE: "a block device",
+    tarfile.FIFOTYPE: "a FIFO",
+    tarfile.GNUTYPE_SPARSE: "a sparse file",
+}
+#: gzip, bzip2, xz and zstd magic numbers.
+_COMPRESSED = (b"\x1f\x8b", b"BZh", b"\xfd7zXZ\x00", b"\x28\xb5\x2f\xfd")
+# A conflict between members (a file where a directory is, twice the same link) rather than a host failure.
+_CLASHES = (errno.EEXIST, errno.ENOTDIR, errno.EISDIR, errno.ENOTEMPTY)
+
+
+class Refused(ValueError):
+    """A tar stream broke a transfer rule; nothing of it was written.
+
+    Attributes:
+        rule: The rule broken: ``type`` (a device, FIFO or other special
+            member), ``path`` (an absolute name or one with ``..``), ``link``
+            (a link that is absolute, leaves the destination, or is written
+            through), ``conflict``, ``members`` or ``bytes`` (a cap),
+            ``header``, ``compressed``, ``malformed``, or ``changed`` (a file
+            replaced while it was archived).
+        member: The member's name, when one member broke it.
+    """
+
+    def __init__(self, rule: str, member: str | None, why: str) -> None:
+        super().__init__(f"tar member {member!r} {why}" if member is not None else f"tar stream {why}")
+        self.rule = rule
+        self.member = member
+
+
+class _Broken(Exception):
+    """The producer of the stream failed: whatever was read must not be kept."""
+
 
 class _QueueReader(io.RawIOBase):
-    """A blocking file object fed from the event loop through a bounded queue."""
+    """A blocking file object fed from the event loop through a bounded queue.
+
+    ``None`` ends the stream; the producer sets ``broken`` first if it failed.
+    """
 
     def __init__(self) -> None:
         self.queue: queue.Queue[bytes | None] = queue.Queue(maxsize=_DEPTH)
+        self.broken = False
         self._pending = memoryview(b"")
         self._eof = False
 
@@ -38,10 +103,19 @@ class _QueueReader(io.RawIOBase):
                 self._eof = True
             else:
                 self._pending = memoryview(item)
+        if self._eof and self.broken:
+            raise _Broken("the tar stream broke off")
         n = min(len(buffer), len(self._pending))
         buffer[:n] = self._pending[:n]
         self._pending = self._pending[n:]
         return n
+
+    def finish(self) -> bool:
+        """Discard the rest of the stream (so the producer never blocks); whether it ended cleanly."""
+        while not self._eof:
+            self._eof = self.queue.get() is None
+        self._pending = memoryview(b"")
+        return not self.broken
 
 
 class _QueueWriter(io.RawIOBase):
@@ -59,83 +133,415 @@ class _QueueWriter(io.RawIOBase):
         return len(data)
 
 
-def _escapes(root: str, name: str) -> bool:
-    target = os.path.realpath(os.path.join(root, name))
-    return os.path.isabs(name) or not (target == root or target.startswith(root + os.sep))
+class _TarInfo(tarfile.TarInfo):
+    """Headers read with limits: bounded metadata, and a corrupt header is an error, not the end."""
+
+    @classmethod
+    def fromtarfile(cls, tar: tarfile.TarFile) -> Self:
+        try:
+            return super().fromtarfile(tar)
+        except (tarfile.InvalidHeaderError, tarfile.TruncatedHeaderError) as exc:  # type: ignore[attr-defined]
+            # tarfile takes a bad header after the first for the end of the archive: that would drop the rest.
+            if tar.offset == 0:
+                raise
+            raise Refused("malformed", None, f"has a corrupt header at byte {tar.offset}: {exc}") from exc
+
+    def _proc_member(self, tar: tarfile.TarFile) -> tarfile.TarInfo:
+        if self.type in _META_TYPES and self.size > MAX_HEADER:
+            raise Refused("header", self.name, f"is a {self.size}-byte metadata header (limit {MAX_HEADER})")
+        if self.type == tarfile.GNUTYPE_SPARSE:
+            raise Refused("type", self.name, "is a sparse file; only plain files are accepted")
+        return super()._proc_member(tar)  # type: ignore[misc,no-any-return]
 
 
-def _outside(kind: str, member: tarfile.TarInfo, path: str) -> tarfile.TarError:
-    error: type[tarfile.TarError] | None = getattr(tarfile, kind, None)
-    if error is not None:
-        return error(member, path)
-    # CPython before 3.11.4 (Debian 12's 3.11.2, the injected runtime's) lacks PEP 706.
-    return tarfile.TarError(f"{member.name!r} would be extracted to {path!r}, which is outside the destination")
+def _relative(member: str, name: str, rule: str, what: str) -> str:
+    """``name`` as a clean relative path ("" for the destination itself), or Refused."""
+    if "\0" in name:
+        raise Refused(rule, member, f"has a NUL byte in its {what}")
+    if name.startswith("/"):
+        raise Refused(rule, member, f"has an absolute {what} {name!r}")
+    parts = [p for p in name.split("/") if p not in ("", ".")]
+    if ".." in parts:
+        raise Refused(rule, member, f"has '..' in its {what} {name!r}")
+    return "/".join(parts)
 
 
-def keep_inside(dest: str) -> tarfile._FilterType:  # type: ignore[name-defined]
-    """A tar filter that keeps modes and symlinks but refuses paths leaving ``dest``."""
-    root = os.path.realpath(dest)
-
-    def check(member: tarfile.TarInfo, _path: str) -> tarfile.TarInfo:
-        if _escapes(root, member.name):
-            raise _outside("OutsideDestinationError", member, os.path.join(root, member.name))
-        if member.islnk() and _escapes(root, member.linkname):
-            raise _outside("LinkOutsideDestinationError", member, os.path.join(root, member.linkname))
-        return member
-
-    return check
+def _inside(root: str, path: str) -> bool:
+    return path == root or path.startswith(root + os.sep)
 
 
-def _extract_all(tar: tarfile.TarFile, dest: str) -> None:
-    check = keep_inside(dest)
-    if hasattr(tarfile, "data_filter"):  # PEP 706: CPython 3.11.4 and later
-        tar.extractall(dest, filter=check)
-        return
-    # Earlier 3.11 releases: the same check, applied member by member as the stream is read.
-    tar.extractall(dest, members=(check(member, dest) for member in tar))
+class _Unpacker:
+    """Writes accepted members under a private staging directory.
 
-
-async def extract(chunks: AsyncIterable[bytes], dest: str) -> None:
-    """Extract a tar stream into ``dest`` (created if missing) as it arrives.
-
-    Raises the OSError or tarfile.TarError that stopped the extraction.
+    No symlink exists in the staging tree until every other member is
+    written (symlinks are made last), so no write can pass through one.
     """
-    os.makedirs(dest, exist_ok=True)
+
+    def __init__(self, staging: str, max_bytes: int, max_members: int) -> None:
+        self.root = staging
+        self.max_bytes = max_bytes
+        self.max_members = max_members
+        self.count = 0
+        self.total = 0
+        self.files: set[str] = set()
+        self.symlinks: dict[str, str] = {}
+        #: Every directory made, with the mode it gets once everything is in place.
+        self.dirs: dict[str, int] = {}
+
+    def add(self, tar: tarfile.TarFile, member: tarfile.TarInfo) -> None:
+        """Check one member and write it (a symlink is only recorded)."""
+        self.count += 1
+        if self.count > self.max_members:
+            raise Refused("members", member.name, f"is past the limit of {self.max_members} members (max_members)")
+        name = _relative(member.name, member.name, "path", "name")
+        parts = name.split("/")
+        for i in range(1, len(parts) + 1):
+            if "/".join(parts[:i]) in self.symlinks:
+                raise Refused("link", member.name, f"goes through the symlink {'/'.join(parts[:i])!r}")
+        try:
+            self._add(tar, member, name)
+        except OSError as exc:
+            if exc.errno in _CLASHES:
+                raise Refused("conflict", member.name, f"clashes with another member ({exc.strerror})") from exc
+            raise
+
+    def _add(self, tar: tarfile.TarFile, member: tarfile.TarInfo, name: str) -> None:
+        if member.isdir():
+            if name:  # "." is the destination itself, whose mode is not the stream's to set
+                self._makedirs(name)
+                self.dirs[name] = member.mode & SAFE_MODE
+        elif member.issym():
+            if not name:
+                raise Refused("link", member.name, "would replace the destination with a symlink")
+            if not member.linkname or "\0" in member.linkname or member.linkname.startswith("/"):
+                raise Refused("link", member.name, f"is a symlink to {member.linkname!r}, which is not relative")
+            self.symlinks[name] = member.linkname
+        elif member.islnk():
+            target = _relative(member.name, member.linkname, "link", "hardlink target")
+            if target not in self.files:
+                raise Refused("link", member.name, f"is a hardlink to {member.linkname!r}, not a file of this stream")
+            path = self._new_file(name)
+            os.link(os.path.join(self.root, target), path, follow_symlinks=False)
+            self.files.add(name)
+        elif member.type in _FILE_TYPES and member.sparse is None:
+            self.total += member.size
+            if self.total > self.max_bytes:
+                raise Refused(
+                    "bytes", member.name, f"takes the stream past the limit of {self.max_bytes} bytes (max_bytes)"
+                )
+            self._write(tar, member, self._new_file(name))
+            self.files.add(name)
+        else:
+            kind = _KINDS.get(member.type, f"of type {member.type!r}")
+            raise Refused("type", member.name, f"is {kind}; only files, directories and links are accepted")
+
+    def _makedirs(self, name: str) -> None:
+        path = self.root
+        for part in name.split("/"):
+            path = os.path.join(path, part)
+            try:
+                os.mkdir(path, 0o700)
+            except FileExistsError:
+                if not stat.S_ISDIR(os.lstat(path).st_mode):
+                    raise
+                continue
+            self.dirs[os.path.relpath(path, self.root)] = 0o755
+
+    def _new_file(self, name: str) -> str:
+        """Where a file or hardlink goes: parents made, any earlier member of that name removed."""
+        if not name:
+            raise Refused("path", name, "would replace the destination with a file")
+        if "/" in name:
+            self._makedirs(os.path.dirname(name))
+        path = os.path.join(self.root, name)
+        with contextlib.suppress(FileNotFoundError):
+            if stat.S_ISDIR(os.lstat(path).st_mode):
+                raise IsADirectoryError(errno.EISDIR, "a directory is in the way", path)
+            os.unlink(path)
+        return path
+
+    def _write(self, tar: tarfile.TarFile, member: tarfile.TarInfo, path: str) -> None:
+        source = tar.extractfile(member)
+        assert source is not None  # a regular member always has a file object
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "wb") as out:
+            shutil.copyfileobj(source, out, CHUNK)
+            out.flush()
+            os.fchmod(fd, member.mode & SAFE_MODE)
+            with contextlib.suppress(OverflowError, ValueError, OSError):
+                os.utime(fd, (member.mtime, member.mtime))
+
+    def link(self) -> None:
+        """Make the recorded symlinks, then refuse any that resolves outside the staging root."""
+        for name, target in self.symlinks.items():
+            try:
+                if "/" in name:
+                    self._makedirs(os.path.dirname(name))
+                os.symlink(target, os.path.join(self.root, name))
+            except OSError as exc:
+                if exc.errno in _CLASHES:
+                    raise Refused("conflict", name, f"clashes with another member ({exc.strerror})") from exc
+                raise
+        root = os.path.realpath(self.root)
+        for name, target in self.symlinks.items():
+            # Resolved on disk, chains and '..' after a link included, as the kernel will.
+            if not _inside(root, os.path.realpath(os.path.join(root, name))):
+                raise Refused("link", name, f"is a symlink to {target!r}, which resolves outside the destination")
+
+
+class _Destination:
+    """Where a stream is staged and how it is moved into place, or undone."""
+
+    def __init__(self, dest: str) -> None:
+        self.dest = os.path.abspath(dest)
+        self.made_parents: list[str] = []
+        try:
+            st = os.stat(self.dest)
+        except FileNotFoundError:
+            self.exists = False
+            parent = os.path.dirname(self.dest)
+            probe = parent
+            while not os.path.lexists(probe):
+                self.made_parents.append(probe)
+                probe = os.path.dirname(probe)
+            os.makedirs(parent, exist_ok=True)
+            self.staging = self._mkdtemp(parent)
+            return
+        if not stat.S_ISDIR(st.st_mode):
+            raise NotADirectoryError(errno.ENOTDIR, "not a directory", self.dest)
+        self.exists = True
+        target = os.path.realpath(self.dest)
+        parent = os.path.dirname(target)
+        try:
+            if os.stat(parent).st_dev != st.st_dev:
+                raise OSError(errno.EXDEV, "the destination is a mount point")
+            self.staging = self._mkdtemp(parent)
+        except OSError:
+            # Beside a mount point, or in a parent we may not write: stage inside, on the same filesystem.
+            self.staging = self._mkdtemp(target)
+
+    def _mkdtemp(self, where: str) -> str:
+        return tempfile.mkdtemp(prefix=f".{os.path.basename(self.dest)}.", suffix=".orchard-part", dir=where)
+
+    def commit(self, unpacked: _Unpacker) -> None:
+        """Move the staged tree into place, merged with what the destination already holds."""
+        merged: set[str] = set()
+        if not self.exists:
+            os.rename(self.staging, self.dest)
+            os.chmod(self.dest, 0o755)
+        else:
+            _check_merge(self.staging, self.dest)
+            _merge(self.staging, self.dest, "", merged)
+            shutil.rmtree(self.staging)
+        for name, mode in unpacked.dirs.items():
+            # Modes last, since a directory made read-only could not take its children; and
+            # a directory the destination already had keeps its own.
+            if name in merged:
+                continue
+            fd = os.open(os.path.join(self.dest, name), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+            try:
+                os.fchmod(fd, mode)
+            finally:
+                os.close(fd)
+
+    def undo(self) -> None:
+        """Remove the staging directory and any parent made for the destination."""
+        shutil.rmtree(self.staging, ignore_errors=True)
+        for path in self.made_parents:
+            with contextlib.suppress(OSError):
+                os.rmdir(path)
+
+
+def _check_merge(src: str, dst: str) -> None:
+    """Refuse, before anything moves, a staged directory meeting a non-directory (or the reverse)."""
+    for name in os.listdir(src):
+        s, d = os.path.join(src, name), os.path.join(dst, name)
+        try:
+            existing = os.lstat(d).st_mode
+        except FileNotFoundError:
+            continue
+        incoming = os.lstat(s).st_mode
+        if stat.S_ISDIR(incoming) and stat.S_ISDIR(existing):
+            _check_merge(s, d)
+        elif stat.S_ISDIR(incoming) or stat.S_ISDIR(existing):
+            raise FileExistsError(errno.EEXIST, "a directory and a non-directory of the same name", d)
+
+
+def _merge(src: str, dst: str, rel: str, merged: set[str]) -> None:
+    for name in os.listdir(src):
+        s, d = os.path.join(src, name), os.path.join(dst, name)
+        if stat.S_ISDIR(os.lstat(s).st_mode) and os.path.lexists(d):
+            merged.add(os.path.join(rel, name))
+            _merge(s, d, os.path.join(rel, name), merged)
+        else:
+            os.replace(s, d)
+
+
+def _unpack(reader: _QueueReader, dest: str, max_bytes: int, max_members: int) -> None:
+    """Read the whole stream into staging, then commit it; any failure undoes everything."""
+    buffered = io.BufferedReader(reader, CHUNK)
+    if buffered.peek(8).startswith(_COMPRESSED):
+        raise Refused("compressed", None, "is compressed; only a plain (uncompressed) tar is accepted")
+    place = _Destination(dest)
+    try:
+        unpacker = _Unpacker(place.staging, max_bytes, max_members)
+        try:
+            with tarfile.open(fileobj=buffered, mode="r|", tarinfo=_TarInfo) as tar:
+                while (member := tar.next()) is not None:
+                    unpacker.add(tar, member)
+                    # tarfile keeps every header for random access, which a stream never needs.
+                    tar.members.clear()  # type: ignore[attr-defined]
+        except (Refused, OSError, _Broken):
+            raise
+        except (tarfile.TarError, RecursionError, ValueError, EOFError) as exc:
+            raise Refused("malformed", None, f"is not a readable tar: {exc}") from exc
+        if not reader.finish():
+            raise _Broken("the tar stream broke off")
+        unpacker.link()
+        place.commit(unpacked=unpacker)
+    except BaseException:
+        place.undo()
+        raise
+
+
+async def _close(chunks: AsyncIterable[bytes]) -> None:
+    aclose: Any = getattr(chunks, "aclose", None)
+    if aclose is not None:
+        await aclose()
+
+
+async def extract(
+    chunks: AsyncIterable[bytes], dest: str, *, max_bytes: int = MAX_BYTES, max_members: int = MAX_MEMBERS
+) -> None:
+    """Extract a plain tar stream into ``dest`` as it arrives, all or nothing.
+
+    ``dest`` is created if missing; what it already holds is kept, and a file
+    of the stream replaces one of the same name. Nothing changes in ``dest``
+    unless the whole stream was read and accepted.
+
+    Raises:
+        Refused: The stream broke a rule (see the module docstring) or a cap.
+        OSError: The destination could not be written.
+    """
     reader = _QueueReader()
     errors: list[BaseException] = []
 
     def work() -> None:
         try:
-            with tarfile.open(fileobj=io.BufferedReader(reader, CHUNK), mode="r|*") as tar:
-                _extract_all(tar, dest)
+            _unpack(reader, dest, max_bytes, max_members)
         except BaseException as exc:
             errors.append(exc)
-        # Keep draining so the producer never blocks on a full queue.
-        while not reader._eof and reader.queue.get() is not None:
-            pass
+        reader.finish()
 
     thread = threading.Thread(target=work, name="orchard-untar", daemon=True)
     thread.start()
     loop = asyncio.get_running_loop()
+    clean = False
     try:
         async for chunk in chunks:
             if errors:
                 break
-            await loop.run_in_executor(None, reader.queue.put, chunk)
+            if chunk:
+                await loop.run_in_executor(None, reader.queue.put, chunk)
+        else:
+            clean = True
     finally:
-        await loop.run_in_executor(None, reader.queue.put, None)
-        await loop.run_in_executor(None, thread.join)
+        reader.broken = not clean
+        try:
+            await loop.run_in_executor(None, reader.queue.put, None)
+            await loop.run_in_executor(None, thread.join)
+        finally:
+            await _close(chunks)
     if errors:
         raise errors[0]
+
+
+def open_regular(name: str, dir_fd: int | None, expected: os.stat_result) -> int:
+    """Open for reading a file that must still be the regular file ``expected``.
+
+    Never blocks on a FIFO (``O_NONBLOCK``) nor follows a symlink
+    (``O_NOFOLLOW``): a path swapped since it was listed is refused.
+    """
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise Refused("changed", name, "was replaced by a symlink while it was archived") from exc
+        raise
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or (st.st_dev, st.st_ino) != (expected.st_dev, expected.st_ino):
+        os.close(fd)
+        raise Refused("changed", name, "was replaced while it was archived")
+    return fd
+
+
+def _info(arcname: str, st: os.stat_result) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(arcname)
+    info.mode = stat.S_IMODE(st.st_mode)
+    info.mtime = st.st_mtime
+    info.uid, info.gid = st.st_uid, st.st_gid
+    return info
+
+
+class _Archiver:
+    """Adds a tree to a tar by directory file descriptors, so no path is followed through a swapped link."""
+
+    def __init__(self, tar: tarfile.TarFile, stop: threading.Event) -> None:
+        self.tar = tar
+        self.stop = stop
+        self.hardlinks: dict[tuple[int, int], str] = {}
+
+    def add(self, dir_fd: int | None, name: str, arcname: str) -> None:
+        if self.stop.is_set():
+            return
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        info = _info(arcname, st)
+        mode = st.st_mode
+        if stat.S_ISREG(mode):
+            key = (st.st_dev, st.st_ino)
+            if st.st_nlink > 1 and key in self.hardlinks:
+                info.type, info.linkname = tarfile.LNKTYPE, self.hardlinks[key]
+                self.tar.addfile(info)
+                return
+            self.hardlinks[key] = arcname
+            with os.fdopen(open_regular(name, dir_fd, st), "rb") as f:
+                info.size = st.st_size
+                self.tar.addfile(info, f)
+        elif stat.S_ISDIR(mode):
+            info.type = tarfile.DIRTYPE
+            self.tar.addfile(info)
+            fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+            try:
+                self.children(fd, arcname + "/")
+            finally:
+                os.close(fd)
+        elif stat.S_ISLNK(mode):
+            info.type, info.linkname = tarfile.SYMTYPE, os.readlink(name, dir_fd=dir_fd)
+            self.tar.addfile(info)
+        elif stat.S_ISFIFO(mode) or stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+            # Sent as a header only (never opened): the extracting side names and refuses it.
+            info.type = (
+                tarfile.FIFOTYPE if stat.S_ISFIFO(mode) else tarfile.CHRTYPE if stat.S_ISCHR(mode) else tarfile.BLKTYPE
+            )
+            info.devmajor, info.devminor = os.major(st.st_rdev), os.minor(st.st_rdev)
+            self.tar.addfile(info)
+        # Sockets are skipped, as tar does.
+
+    def children(self, dir_fd: int, prefix: str) -> None:
+        for name in sorted(os.listdir(dir_fd)):
+            self.add(dir_fd, name, prefix + name)
 
 
 async def archive(src: str) -> AsyncIterator[bytes]:
     """Yield a tar archive of ``src`` as it is made.
 
     A directory is archived by its contents (names relative to it); anything
-    else as one member under its own name. Raises the OSError that stopped it.
+    else as one member under its own name. Files are opened without
+    following symlinks or blocking on FIFOs; FIFOs and devices go in as
+    headers, for the extracting side to refuse. Raises the OSError (or
+    ``Refused``, for a file swapped meanwhile) that stopped it.
     """
-    os.lstat(src)
+    top = os.lstat(src)
     loop = asyncio.get_running_loop()
     out: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize=_DEPTH)
     errors: list[BaseException] = []
@@ -147,13 +553,15 @@ async def archive(src: str) -> AsyncIterator[bytes]:
                 io.BufferedWriter(_QueueWriter(loop, out), CHUNK) as buffered,  # type: ignore[type-var]
                 tarfile.open(fileobj=buffered, mode="w|") as tar,
             ):
-                if os.path.isdir(src) and not os.path.islink(src):
-                    for name in sorted(os.listdir(src)):
-                        if stop.is_set():
-                            return
-                        tar.add(os.path.join(src, name), arcname=name)
+                archiver = _Archiver(tar, stop)
+                if stat.S_ISDIR(top.st_mode):
+                    fd = os.open(src, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+                    try:
+                        archiver.children(fd, "")
+                    finally:
+                        os.close(fd)
                 else:
-                    tar.add(src, arcname=os.path.basename(src))
+                    archiver.add(None, src, os.path.basename(src))
         except BaseException as exc:
             errors.append(exc)
         finally:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import tempfile
 import uuid
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any, Literal
@@ -36,7 +38,7 @@ from orchard_executor.protocol import (
 
 from ._rpc import ExecutorClient
 from ._spec import SandboxSpec
-from .errors import PathNotFound, SandboxLost
+from .errors import PathNotFound, SandboxLost, UnsafeArchive
 
 Command = str | Sequence[str]
 Data = bytes | str | AsyncIterable[bytes]
@@ -345,38 +347,111 @@ class Sandbox:
             "POST", "/v1/files/remove", Empty, RemoveRequest(path=path, recursive=recursive, missing_ok=missing_ok)
         )
 
-    async def upload(self, local_path: str | os.PathLike[str], path: str) -> FileStat:
-        """Copy a local file or directory tree (as a tar stream) to ``path``."""
+    async def upload(
+        self,
+        local_path: str | os.PathLike[str],
+        path: str,
+        *,
+        max_bytes: int = tarstream.MAX_BYTES,
+        max_members: int = tarstream.MAX_MEMBERS,
+    ) -> FileStat:
+        """Copy a local file or directory tree (as a tar stream) to ``path``.
+
+        Modes lose setuid, setgid and sticky bits and group/other write. A tree
+        goes by the rules of ``download``, checked by the executor, which
+        writes nothing of a stream it refuses (``UnsafeUpload``) or that is
+        over ``max_bytes`` or ``max_members``.
+        """
         local = os.fspath(local_path)
         if os.path.isdir(local):
-            return await self.upload_tar(path, tarstream.archive(local))
-        mode = os.stat(local).st_mode & 0o7777
+            return await self.upload_tar(path, tarstream.archive(local), max_bytes=max_bytes, max_members=max_members)
+        mode = os.stat(local).st_mode & tarstream.SAFE_MODE
         return await self.write_file(path, _file_chunks(local), mode=mode)
 
-    async def download(self, path: str, local_path: str | os.PathLike[str]) -> None:
-        """Copy a sandbox file or directory tree to ``local_path``."""
+    async def download(
+        self,
+        path: str,
+        local_path: str | os.PathLike[str],
+        *,
+        max_bytes: int = tarstream.MAX_BYTES,
+        max_members: int = tarstream.MAX_MEMBERS,
+    ) -> None:
+        """Copy a sandbox file or directory tree to ``local_path``, trusting nothing the sandbox made.
+
+        A tree comes as a plain tar stream, unpacked into a staging directory
+        beside ``local_path`` and moved into place (merged with what is
+        there) only if all of it was accepted: device nodes, FIFOs, symlinks
+        that are absolute or resolve outside ``local_path``, hardlinks to
+        outside, compressed streams and more than ``max_bytes`` (default
+        4 GiB) or ``max_members`` (default 100,000) are refused. Setuid,
+        setgid and sticky bits and group/other write are dropped, and files
+        belong to this process, whatever owner the sandbox gave them.
+
+        Raises:
+            UnsafeArchive: A rule was broken; ``local_path`` is as it was.
+        """
         local = os.fspath(local_path)
-        if (await self.stat(path)).type == "directory":
-            await tarstream.extract(self.download_tar(path), local)
+        st = await self.stat(path)
+        if st.type == "directory":
+            try:
+                await tarstream.extract(self.download_tar(path), local, max_bytes=max_bytes, max_members=max_members)
+            except tarstream.Refused as exc:
+                raise UnsafeArchive(
+                    f"sandbox {self.id}: {path}: {exc}", member=exc.member, rule=exc.rule, sandbox_id=self.id
+                ) from exc
             return
-        tmp = f"{local}.orchard-part"
+        if st.type == "other":
+            raise UnsafeArchive(
+                f"sandbox {self.id}: {path} is a device, FIFO or socket, not a file",
+                member=path,
+                rule="type",
+                sandbox_id=self.id,
+            )
+        # A symlink is followed in the sandbox; its own mode (0o777) says nothing of the file's.
+        mode = st.mode & tarstream.SAFE_MODE if st.type == "file" else 0o644
+        fd, tmp = tempfile.mkstemp(
+            prefix=f".{os.path.basename(local)}.", suffix=".orchard-part", dir=os.path.dirname(os.path.abspath(local))
+        )
+        chunks = self.stream_file(path)
         try:
-            with open(tmp, "wb") as f:
-                async for chunk in self.stream_file(path):
+            with os.fdopen(fd, "wb") as f:
+                size = 0
+                async for chunk in chunks:
+                    size += len(chunk)
+                    if size > max_bytes:
+                        raise UnsafeArchive(
+                            f"sandbox {self.id}: {path} is over the limit of {max_bytes} bytes (max_bytes)",
+                            member=path,
+                            rule="bytes",
+                            sandbox_id=self.id,
+                        )
                     f.write(chunk)
+                os.fchmod(f.fileno(), mode)
             os.replace(tmp, local)
         except BaseException:
-            if os.path.exists(tmp):
+            with contextlib.suppress(OSError):
                 os.unlink(tmp)
             raise
+        finally:
+            aclose = getattr(chunks, "aclose", None)
+            if aclose is not None:
+                await aclose()
 
     def download_tar(self, path: str) -> AsyncIterator[bytes]:
         """A tar stream of a sandbox directory's contents (or of one file)."""
         return self._rpc.receive("/v1/files/tar", {"path": path})
 
-    async def upload_tar(self, path: str, tar: bytes | AsyncIterable[bytes]) -> FileStat:
-        """Extract a tar stream into the sandbox directory ``path``."""
-        return await self._rpc.send("PUT", "/v1/files/tar", FileStat, tar, params={"path": path}, content_type=TAR)
+    async def upload_tar(
+        self,
+        path: str,
+        tar: bytes | AsyncIterable[bytes],
+        *,
+        max_bytes: int = tarstream.MAX_BYTES,
+        max_members: int = tarstream.MAX_MEMBERS,
+    ) -> FileStat:
+        """Extract a plain tar stream into the sandbox directory ``path``, all or nothing (rules of ``upload``)."""
+        params = {"path": path, "max_bytes": str(max_bytes), "max_members": str(max_members)}
+        return await self._rpc.send("PUT", "/v1/files/tar", FileStat, tar, params=params, content_type=TAR)
 
 
 async def _file_chunks(path: str) -> AsyncIterator[bytes]:

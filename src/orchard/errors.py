@@ -104,6 +104,29 @@ class Unsupported(ExecutorError, NotImplementedError):
     """The executor does not support this operation."""
 
 
+class UnsafeArchive(OrchardError, ValueError):
+    """A transfer broke a safety rule, so nothing of it was written.
+
+    ``Sandbox.download`` raises it for what a sandbox made: a device node or
+    FIFO, a symlink that is absolute or leaves the destination, a hardlink to
+    outside, a compressed or malformed stream, or more than ``max_bytes`` or
+    ``max_members`` (raise those options for a bigger tree).
+    """
+
+    def __init__(
+        self, message: str, *, member: str | None = None, rule: str | None = None, sandbox_id: str | None = None
+    ) -> None:
+        super().__init__(message, sandbox_id=sandbox_id)
+        #: The offending tar member (or sandbox path), if one.
+        self.member = member
+        #: The rule broken, such as ``type``, ``link``, ``bytes`` (see ``orchard_executor.tarstream.Refused``).
+        self.rule = rule
+
+
+class UnsafeUpload(InvalidRequest, UnsafeArchive):
+    """The executor refused an uploaded tar stream under the same rules; nothing was written in the sandbox."""
+
+
 EXECUTOR_ERRORS: dict[str, type[ExecutorError]] = {
     "unauthorized": AuthError,
     "bad_request": InvalidRequest,
@@ -118,5 +141,6 @@ EXECUTOR_ERRORS: dict[str, type[ExecutorError]] = {
     "process_not_found": ProcessNotFound,
     "session_not_found": SessionNotFound,
     "unsupported": Unsupported,
+    "unsafe_archive": UnsafeUpload,
     "internal": ExecutorError,
 }
