@@ -280,6 +280,10 @@ async def test_an_unknown_runtime_is_a_typed_error_naming_the_option(custom: lis
         await client.create(SWE, start_timeout=30)
     assert "runtime" in str(info.value)
     assert "no-such-runtime" in str(info.value)
+    assert info.value.reason == "UnknownRuntime"
+    # A runtime the engine has is used.
+    sb = await client_with(custom, runtime="runc").create(SWE)
+    assert inspect(sb.id)["HostConfig"]["Runtime"] == "runc"  # type: ignore[index]
 
 
 async def test_networks_are_made_once_when_clients_race_and_checked_when_found(docker_ready: str) -> None:
