@@ -198,6 +198,7 @@ HOSTILE: dict[str, tuple[list[Member], str]] = {
     "hardlink-out": ([member("hard", type=tarfile.LNKTYPE, linkname="../outside-target")], "link"),
     "hardlink-absolute": ([member("hard", type=tarfile.LNKTYPE, linkname="/etc/passwd")], "link"),
     "hardlink-to-destination-file": ([member("hard", type=tarfile.LNKTYPE, linkname="keep.txt")], "link"),
+    "hardlink-to-itself": ([member("good.txt", type=tarfile.LNKTYPE, linkname="good.txt")], "link"),
     "dotdot-name": ([member("../escaped.txt", b"x")], "path"),
     "absolute-name": ([member("/abs-escaped.txt", b"x")], "path"),
     "nested-dotdot-name": ([member("inner/../../escaped.txt", b"x")], "path"),

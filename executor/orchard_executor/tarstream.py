@@ -218,7 +218,7 @@ class _Unpacker:
             self.symlinks[name] = member.linkname
         elif member.islnk():
             target = _relative(member.name, member.linkname, "link", "hardlink target")
-            if target not in self.files:
+            if target not in self.files or target == name:
                 raise Refused("link", member.name, f"is a hardlink to {member.linkname!r}, not a file of this stream")
             path = self._new_file(name)
             os.link(os.path.join(self.root, target), path, follow_symlinks=False)
@@ -425,6 +425,10 @@ async def extract(
     """
     reader = _QueueReader()
     errors: list[BaseException] = []
+    loop = asyncio.get_running_loop()
+    # The worker reports its end through a future: a thread.join would hold a default-executor
+    # thread for the whole extraction, and many downloads at once would starve the pool.
+    done: asyncio.Future[None] = loop.create_future()
 
     def work() -> None:
         try:
@@ -432,28 +436,40 @@ async def extract(
         except BaseException as exc:
             errors.append(exc)
         reader.finish()
+        with contextlib.suppress(RuntimeError):  # the loop is already closed
+            loop.call_soon_threadsafe(_settle, done)
 
-    thread = threading.Thread(target=work, name="orchard-untar", daemon=True)
-    thread.start()
-    loop = asyncio.get_running_loop()
+    async def put(item: bytes | None) -> None:
+        try:
+            reader.queue.put_nowait(item)
+        except queue.Full:
+            # Only until the worker, a thread of its own, takes the next chunk.
+            await loop.run_in_executor(None, reader.queue.put, item)
+
+    threading.Thread(target=work, name="orchard-untar", daemon=True).start()
     clean = False
     try:
         async for chunk in chunks:
             if errors:
                 break
             if chunk:
-                await loop.run_in_executor(None, reader.queue.put, chunk)
+                await put(chunk)
         else:
             clean = True
     finally:
         reader.broken = not clean
         try:
-            await loop.run_in_executor(None, reader.queue.put, None)
-            await loop.run_in_executor(None, thread.join)
+            await put(None)
+            await done
         finally:
             await _close(chunks)
     if errors:
         raise errors[0]
+
+
+def _settle(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 def open_regular(name: str, dir_fd: int | None, expected: os.stat_result) -> int:
