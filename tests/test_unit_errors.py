@@ -6,6 +6,7 @@ import errno
 
 import pytest
 
+import orchard
 from orchard import errors
 from orchard_executor import errors as executor_errors
 from orchard_executor.protocol import ERROR_CODES
@@ -62,8 +63,17 @@ def test_client_side_errors_are_their_builtins_too() -> None:
     assert issubclass(errors.SandboxStartError, RuntimeError)
     lost = errors.SandboxLost("gone", sandbox_id="sb-2", reason="OOMKilled")
     assert (lost.sandbox_id, lost.reason) == ("sb-2", "OOMKilled")
-    for cls in (errors.ConfigError, errors.SandboxTimeout, errors.SandboxClosed, errors.SandboxStartError):
+    assert issubclass(errors.ProtocolError, ConnectionError)
+    for cls in (
+        errors.ConfigError,
+        errors.SandboxTimeout,
+        errors.SandboxClosed,
+        errors.SandboxStartError,
+        errors.ProtocolError,
+    ):
         assert issubclass(cls, errors.OrchardError)
+    # A reply the client refuses is not an error the executor reported: no wire code.
+    assert not issubclass(errors.ProtocolError, errors.ExecutorError)
 
 
 @pytest.mark.parametrize(
@@ -93,3 +103,11 @@ def test_executor_maps_errno_to_codes(err: int, code: str) -> None:
 def test_executor_error_path_override() -> None:
     exc = executor_errors.ExecutorError.from_os_error(FileNotFoundError(errno.ENOENT, "gone"), "/given")
     assert exc.error.path == "/given"
+
+
+@pytest.mark.parametrize(
+    ("option", "value"), [("read_timeout", 0), ("liveness_timeout", -1.0), ("read_timeout", float("nan"))]
+)
+def test_deadline_options_must_be_positive_numbers(option: str, value: float) -> None:
+    with pytest.raises(errors.ConfigError, match=option):
+        orchard.Client(**{option: value})

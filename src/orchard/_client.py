@@ -13,8 +13,8 @@ from typing import Any
 import aiohttp
 
 from ._backends import BackendConfig, build_backend, make_config
-from ._backends.base import Backend, Instance
-from ._rpc import ExecutorClient
+from ._backends.base import Backend
+from ._rpc import LIVENESS_TIMEOUT, READ_TIMEOUT, ExecutorClient
 from ._sandbox import Sandbox
 from ._spec import make_spec
 from .errors import ConfigError, SandboxClosed
@@ -33,6 +33,18 @@ class Client:
         backend: a backend name (``"local"``) or a backend config object.
         max_concurrent_starts: sandboxes being started at once; a burst of
             thousands waits its turn instead of flattening the backend.
+        read_timeout: seconds an executor may take to answer a call that runs
+            no command (stat, info, a file write once its data is sent), and
+            to send any whole reply once it has begun; a command with a
+            ``timeout`` gets that timeout plus this. Past it the call raises
+            ``SandboxTimeout``. Default 60.
+        liveness_timeout: calls without a deadline of their own (``exec``
+            without ``timeout``, ``Process.wait()``) may run for hours, so
+            instead the executor is watched: after this many seconds of
+            silence while a call waits, the client probes its ``/healthz`` on
+            another connection, and if no answer comes within this many
+            seconds the waiting calls raise ``SandboxTimeout``. A frozen
+            executor is so detected within twice this. Default 20.
         http_session: an aiohttp session to use instead of the Client's own
             (the caller then closes it).
         **backend_options: options of the named backend's config.
@@ -43,11 +55,18 @@ class Client:
         backend: str | BackendConfig = "local",
         *,
         max_concurrent_starts: int = 64,
+        read_timeout: float = READ_TIMEOUT,
+        liveness_timeout: float = LIVENESS_TIMEOUT,
         http_session: aiohttp.ClientSession | None = None,
         **backend_options: Any,
     ) -> None:
         if max_concurrent_starts < 1:
             raise ConfigError("max_concurrent_starts must be at least 1")
+        for name, value in (("read_timeout", read_timeout), ("liveness_timeout", liveness_timeout)):
+            if not 0 < value < float("inf"):
+                raise ConfigError(f"{name}={value!r} must be a positive number of seconds")
+        self._read_timeout = read_timeout
+        self._liveness_timeout = liveness_timeout
         self.config = make_config(backend, backend_options)
         #: Identifies this client's sandboxes (labels, names).
         self.session_id = secrets.token_hex(4)
@@ -55,7 +74,7 @@ class Client:
         self._http = http_session
         self._owns_http = http_session is None
         self._starts = asyncio.Semaphore(max_concurrent_starts)
-        self._live: dict[str, Instance] = {}
+        self._live: dict[str, Sandbox] = {}
         self._closed = False
 
     async def __aenter__(self) -> Client:
@@ -95,15 +114,27 @@ class Client:
             instance = await backend.start(
                 sandbox_spec, sandbox_id=sandbox_id, token_sha256=hashlib.sha256(token.encode()).hexdigest()
             )
-        self._live[sandbox_id] = instance
+        if self._closed:  # closed while this one was starting: nobody would delete it
+            await instance.delete()
+            raise SandboxClosed("this Client was closed while the sandbox started", sandbox_id=sandbox_id)
         timings = {"queued": waited} | {k: v + waited for k, v in instance.timings.items()}
-        rpc = ExecutorClient(http, instance.base_url, token, sandbox_id=sandbox_id, diagnose=instance.diagnose)
+        rpc = ExecutorClient(
+            http,
+            instance.base_url,
+            token,
+            sandbox_id=sandbox_id,
+            diagnose=instance.diagnose,
+            read_timeout=self._read_timeout,
+            liveness_timeout=self._liveness_timeout,
+        )
 
         async def close() -> None:
             self._live.pop(sandbox_id, None)
             await instance.delete()
 
-        return Sandbox(sandbox_id=sandbox_id, spec=sandbox_spec, rpc=rpc, timings=timings, close=close)
+        sb = Sandbox(sandbox_id=sandbox_id, spec=sandbox_spec, rpc=rpc, timings=timings, close=close)
+        self._live[sandbox_id] = sb
+        return sb
 
     @contextlib.asynccontextmanager
     async def sandbox(self, image: str = "local", **spec: Any) -> AsyncIterator[Sandbox]:
@@ -115,12 +146,15 @@ class Client:
             await asyncio.shield(sb.aclose())
 
     async def aclose(self) -> None:
-        """Delete every sandbox still open, then release the pool and backend."""
+        """Delete every sandbox still open, then release the pool and backend.
+
+        Calls in flight on those sandboxes fail at once with ``SandboxClosed``.
+        """
         if self._closed:
             return
         self._closed = True
         live, self._live = list(self._live.values()), {}
-        await asyncio.gather(*(instance.delete() for instance in live), return_exceptions=True)
+        await asyncio.gather(*(sb.aclose() for sb in live), return_exceptions=True)
         if self._backend is not None:
             await self._backend.aclose()
         if self._http is not None and self._owns_http:

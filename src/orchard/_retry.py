@@ -9,16 +9,25 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import aiohttp
-from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
+from tenacity import (
+    AsyncRetrying,
+    retry_if_exception_type,
+    retry_if_not_exception_type,
+    stop_after_attempt,
+    wait_random_exponential,
+)
 
 #: Failures worth another try: the connection broke or could not be made.
 TRANSIENT = (aiohttp.ClientConnectionError,)
+#: Among those, a deadline that passed: not retried, since a slow or frozen
+#: executor would only make the caller wait the whole deadline again.
+TOO_SLOW = (aiohttp.ServerTimeoutError,)
 
 
 def policy(attempts: int = 4) -> AsyncRetrying:
     """A fresh retrying controller for one call."""
     return AsyncRetrying(
-        retry=retry_if_exception_type(TRANSIENT),
+        retry=retry_if_exception_type(TRANSIENT) & retry_if_not_exception_type(TOO_SLOW),
         wait=wait_random_exponential(multiplier=0.05, max=2.0),
         stop=stop_after_attempt(attempts),
         reraise=True,

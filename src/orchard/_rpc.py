@@ -1,25 +1,77 @@
-"""How the client talks to one executor: typed requests over the shared session."""
+"""How the client talks to one executor: typed requests over the shared session.
+
+Nothing an executor does can hang the client or make it swallow unbounded
+data. Every request has a deadline: ``read_timeout`` for a reply that needs
+no command to finish (plus the command's own timeout when it has one), and
+``read_timeout`` again for the body once the reply has begun. A request with
+no deadline of its own (``exec(timeout=None)``, ``wait()``) is covered by a
+liveness watchdog: once the executor has been silent for ``liveness_timeout``
+while a request waits, the client probes ``/healthz`` on another connection,
+and fails the waiting requests with ``SandboxTimeout`` when no answer comes
+within ``liveness_timeout``. Replies are capped (``MAX_REPLY``, or what the
+request can legitimately return) and must decode to the wire schema, else
+``ProtocolError``.
+"""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Mapping
+from types import TracebackType
 from typing import Any, TypeVar
 
 import aiohttp
 import msgspec
 
-from orchard_executor.protocol import FRAME_HEADER, MAX_FRAME, MSGPACK, Error, StreamEvent, decode, encode
+from orchard_executor.protocol import (
+    FRAME_HEADER,
+    MAX_FRAME,
+    MSGPACK,
+    ByteFrame,
+    DataFrame,
+    EndFrame,
+    Error,
+    ErrorEvent,
+    ExitEvent,
+    HeartbeatEvent,
+    OutputEvent,
+    StreamEvent,
+    decode,
+    encode,
+)
 
 from . import _retry
-from .errors import EXECUTOR_ERRORS, ExecutorError, OrchardError, SandboxClosed, SandboxLost
+from .errors import (
+    EXECUTOR_ERRORS,
+    ExecutorError,
+    OrchardError,
+    ProtocolError,
+    SandboxClosed,
+    SandboxLost,
+    SandboxTimeout,
+)
 
 T = TypeVar("T")
 Body = bytes | AsyncIterable[bytes] | None
 
-#: Added to a command's own timeout to get the HTTP read timeout.
-TIMEOUT_MARGIN = 30.0
+#: Default seconds an executor may take to answer a request that runs no command,
+#: and to send a whole reply once it has begun.
+READ_TIMEOUT = 60.0
+#: Default seconds of executor silence, while a request waits, before a liveness
+#: probe; and the probe's own deadline. A frozen executor fails requests within twice this.
+LIVENESS_TIMEOUT = 20.0
+#: Largest structured reply read from an executor unless a request allows more.
+MAX_REPLY = 64 * 1024 * 1024
+#: Largest error reply read from an executor.
+MAX_ERROR_REPLY = 64 * 1024
+#: Room beyond a reply's payload for its framing (field names, numbers).
+REPLY_SLACK = 64 * 1024
+_CONNECT_TIMEOUT = 30.0
 _STREAM_EVENT = msgspec.msgpack.Decoder(StreamEvent)
-_NO_READ_TIMEOUT = aiohttp.ClientTimeout(total=None, connect=30.0, sock_read=None)
+_BYTE_FRAME = msgspec.msgpack.Decoder(ByteFrame)
+#: Seconds of silence after which a stream is given up as frozen (a quiet
+#: stream carries a heartbeat every ``protocol.HEARTBEAT`` second).
+STREAM_IDLE_TIMEOUT = 30.0
 
 
 class _Source:
@@ -38,8 +90,61 @@ class _Source:
             raise
 
 
+class _Flight:
+    """One request in progress, to be failed if its sandbox closes or its executor freezes.
+
+    Used as ``with``: failing it cancels the task awaiting the request and
+    turns that cancellation into the given error where the ``with`` ends, the
+    way ``asyncio.timeout`` turns one into ``TimeoutError``.
+    """
+
+    __slots__ = ("_flights", "_cancelling", "error", "started", "task")
+
+    def __init__(self, flights: set[_Flight], task: asyncio.Task[Any], started: float) -> None:
+        self._flights = flights
+        self.task = task
+        self.started = started
+        self.error: OrchardError | None = None
+        self._cancelling = 0
+
+    def fail(self, error: OrchardError) -> None:
+        if self.error is None:
+            self.error = error
+            self.task.cancel()
+
+    def __enter__(self) -> _Flight:
+        self._cancelling = self.task.cancelling()
+        self._flights.add(self)
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._flights.discard(self)
+        if (
+            self.error is not None
+            and exc_type is not None
+            and issubclass(exc_type, asyncio.CancelledError)
+            and self.task.uncancel() <= self._cancelling
+        ):
+            raise self.error from None
+
+
 class ExecutorClient:
-    """Typed calls to one sandbox's executor, with retries and error mapping."""
+    """Typed calls to one sandbox's executor, with retries, deadlines and error mapping.
+
+    Args:
+        session: the Client's shared HTTP session.
+        base_url: where the executor answers.
+        token: the sandbox's bearer token.
+        sandbox_id: named in errors.
+        diagnose: asks the backend why the executor stopped answering.
+        read_timeout: see ``READ_TIMEOUT``.
+        liveness_timeout: see ``LIVENESS_TIMEOUT``.
+    """
+
+    #: Seconds a stream may stay silent (no data, no heartbeat) before ``SandboxTimeout``.
+    stream_idle_timeout: float = STREAM_IDLE_TIMEOUT
 
     def __init__(
         self,
@@ -49,24 +154,78 @@ class ExecutorClient:
         *,
         sandbox_id: str,
         diagnose: Callable[[], Awaitable[OrchardError | None]],
+        read_timeout: float = READ_TIMEOUT,
+        liveness_timeout: float = LIVENESS_TIMEOUT,
     ) -> None:
         self._session = session
         self._base = base_url.rstrip("/")
         self._headers = {"Authorization": f"Bearer {token}", "Content-Type": MSGPACK, "Accept": MSGPACK}
         self._sandbox_id = sandbox_id
         self._diagnose = diagnose
+        self._read_timeout = read_timeout
+        self._liveness_timeout = liveness_timeout
+        self._flights: set[_Flight] = set()
+        self._watchdog: asyncio.Task[None] | None = None
+        #: Loop time of the executor's last reply: proof that it was alive then.
+        self._alive_at = 0.0
         self.closed = False
 
     def _timeout(self, command_timeout: float | None) -> aiohttp.ClientTimeout:
+        """The reply deadline: ``read_timeout`` past the command's own timeout; None is the watchdog's."""
         if command_timeout is None:
-            return _NO_READ_TIMEOUT
-        return aiohttp.ClientTimeout(total=None, connect=30.0, sock_read=command_timeout + TIMEOUT_MARGIN)
+            return aiohttp.ClientTimeout(total=None, connect=_CONNECT_TIMEOUT, sock_read=None)
+        return aiohttp.ClientTimeout(
+            total=None, connect=_CONNECT_TIMEOUT, sock_read=command_timeout + self._read_timeout
+        )
+
+    def _protocol_error(self, resp: aiohttp.ClientResponse, what: str) -> ProtocolError:
+        resp.close()  # never read the rest, never reuse the connection
+        return ProtocolError(
+            f"sandbox {self._sandbox_id}: the executor's reply to {resp.method} {resp.url.path} {what}",
+            sandbox_id=self._sandbox_id,
+        )
+
+    async def _read(self, resp: aiohttp.ClientResponse, limit: int) -> bytes:
+        """A whole reply body, refused beyond ``limit`` bytes or ``read_timeout`` seconds."""
+        self._alive_at = asyncio.get_running_loop().time()
+        size = resp.content_length
+        if size is not None and size > limit:
+            raise self._protocol_error(resp, f"is too large ({size} bytes, the limit is {limit})")
+        try:
+            async with asyncio.timeout(self._read_timeout):
+                if size is not None:
+                    return await resp.read()
+                data = bytearray()
+                async for chunk in resp.content.iter_any():
+                    data += chunk
+                    if len(data) > limit:
+                        raise self._protocol_error(resp, f"is too large (over {limit} bytes)")
+                return bytes(data)
+        except TimeoutError:
+            resp.close()
+            raise SandboxTimeout(
+                f"sandbox {self._sandbox_id}: the executor began a reply to {resp.method} {resp.url.path} "
+                f"but did not finish it within read_timeout={self._read_timeout:g}s (a Client option)",
+                sandbox_id=self._sandbox_id,
+            ) from None
+
+    async def _reply(self, resp: aiohttp.ClientResponse, result: type[T], limit: int) -> T:
+        """The typed body of a reply, or the typed error it carries."""
+        if resp.status >= 400:
+            await self._raise_for(resp)
+        if resp.content_type != MSGPACK:
+            raise self._protocol_error(resp, f"has content type {resp.content_type!r}, not {MSGPACK}")
+        body = await self._read(resp, limit)
+        try:
+            return decode(body, result)
+        except msgspec.MsgspecError as exc:
+            raise self._protocol_error(resp, f"is not a valid {result.__name__}: {exc}") from None
 
     async def _raise_for(self, resp: aiohttp.ClientResponse) -> None:
-        body = await resp.read()
+        body = await self._read(resp, MAX_ERROR_REPLY)
         try:
             error = decode(body, Error, resp.content_type)
-        except (msgspec.DecodeError, msgspec.ValidationError):
+        except msgspec.MsgspecError:
             raise ExecutorError(
                 f"sandbox {self._sandbox_id}: HTTP {resp.status} from the executor: {body[:200]!r}",
                 code="internal",
@@ -74,6 +233,17 @@ class ExecutorClient:
             ) from None
         cls = EXECUTOR_ERRORS.get(error.code, ExecutorError)
         raise cls(error.message, code=error.code, path=error.path, sandbox_id=self._sandbox_id)
+
+    async def _timed_out(self, exc: BaseException) -> OrchardError:
+        found = await self._diagnose()
+        if found is not None:
+            return found
+        return SandboxTimeout(
+            f"sandbox {self._sandbox_id}: the executor at {self._base} did not answer in time ({exc}); "
+            f"a request may take read_timeout={self._read_timeout:g}s, plus the command's timeout "
+            "if it has one (a Client option)",
+            sandbox_id=self._sandbox_id,
+        )
 
     async def _lost(self, exc: BaseException) -> OrchardError:
         found = await self._diagnose()
@@ -93,10 +263,24 @@ class ExecutorClient:
         body: object = None,
         *,
         params: Mapping[str, str] | None = None,
-        timeout: float | None = 60.0,
+        timeout: float | None = 0.0,
         retry: bool = True,
+        limit: int = MAX_REPLY,
     ) -> T:
-        """One request with a msgpack body (or none) and a typed msgpack reply."""
+        """One request with a msgpack body (or none) and a typed msgpack reply.
+
+        Args:
+            method: the HTTP method.
+            path: the route, e.g. ``/v1/exec``.
+            result: the type of the reply.
+            body: a wire struct, or None.
+            params: the query.
+            timeout: the command's own timeout, after which the executor
+                answers (0: it answers at once; None: no deadline but the
+                liveness watchdog).
+            retry: whether a broken connection may be retried.
+            limit: the largest reply accepted, in bytes.
+        """
         data = None if body is None else encode(body)
 
         async def once() -> T:
@@ -108,9 +292,7 @@ class ExecutorClient:
                 headers=self._headers,
                 timeout=self._timeout(timeout),
             ) as resp:
-                if resp.status >= 400:
-                    await self._raise_for(resp)
-                return decode(await resp.read(), result)
+                return await self._reply(resp, result, limit)
 
         return await self._run(once, retry)
 
@@ -123,9 +305,12 @@ class ExecutorClient:
         *,
         params: Mapping[str, str],
         content_type: str,
-        timeout: float | None = None,
+        timeout: float | None = 0.0,
     ) -> T:
-        """A request with a raw (possibly streamed) body; retried only if it is bytes."""
+        """A request with a raw (possibly streamed) body; retried only if it is bytes.
+
+        The reply deadline starts once the body is sent; ``timeout`` is as for ``call``.
+        """
         source = None if body is None or isinstance(body, bytes) else _Source(body)
 
         async def once() -> T:
@@ -139,9 +324,7 @@ class ExecutorClient:
                     headers=headers,
                     timeout=self._timeout(timeout),
                 ) as resp:
-                    if resp.status >= 400:
-                        await self._raise_for(resp)
-                    return decode(await resp.read(), result)
+                    return await self._reply(resp, result, MAX_REPLY)
             except _retry.TRANSIENT:
                 # aiohttp reports a failing body as a broken connection; the sandbox is fine.
                 if source is not None and source.error is not None:
@@ -150,57 +333,178 @@ class ExecutorClient:
 
         return await self._run(once, isinstance(body, bytes))
 
-    async def receive(self, path: str, params: Mapping[str, str], chunk_size: int = 256 * 1024) -> AsyncIterator[bytes]:
-        """A GET whose raw reply body is yielded in chunks as it arrives."""
+    def _stream_timeout(self) -> aiohttp.ClientTimeout:
+        # The executor sends a heartbeat every second on a quiet stream: silence means it is gone or frozen.
+        return aiohttp.ClientTimeout(total=None, connect=_CONNECT_TIMEOUT, sock_read=self.stream_idle_timeout)
+
+    def _failed(self, error: Error) -> ExecutorError:
+        cls = EXECUTOR_ERRORS.get(error.code, ExecutorError)
+        return cls(error.message, code=error.code, path=error.path, sandbox_id=self._sandbox_id)
+
+    def _silent(self) -> SandboxTimeout:
+        return SandboxTimeout(
+            f"sandbox {self._sandbox_id}: the executor sent nothing on a stream for "
+            f"stream_idle_timeout={self.stream_idle_timeout:g}s, not even a heartbeat: it is frozen or unreachable",
+            sandbox_id=self._sandbox_id,
+        )
+
+    async def _decoded(self, resp: aiohttp.ClientResponse, decoder: msgspec.msgpack.Decoder[T]) -> AsyncIterator[T]:
+        """The frames of a streamed reply (see protocol.py), until the connection ends."""
+        while True:
+            try:
+                header = await resp.content.readexactly(FRAME_HEADER.size)
+            except asyncio.IncompleteReadError as exc:
+                if exc.partial:
+                    raise
+                return
+            self._alive_at = asyncio.get_running_loop().time()
+            (size,) = FRAME_HEADER.unpack(header)
+            if size > MAX_FRAME:
+                raise self._protocol_error(resp, f"has a frame of {size} bytes (the limit is {MAX_FRAME})")
+            try:
+                yield decoder.decode(await resp.content.readexactly(size))
+            except msgspec.MsgspecError as exc:
+                raise self._protocol_error(resp, f"has an undecodable frame: {exc}") from None
+
+    async def receive(self, path: str, params: Mapping[str, str]) -> AsyncIterator[bytes]:
+        """A GET whose reply is a framed byte stream (see protocol.py), yielded as raw chunks.
+
+        Raises the typed error the executor sent if it failed after the reply
+        began, ``SandboxLost`` if the stream was cut before its end frame, and
+        ``SandboxTimeout`` after ``stream_idle_timeout`` seconds of silence.
+        """
         self._check_open()
         try:
             async with self._session.get(
-                self._base + path, params=params, headers=self._headers, timeout=self._timeout(None)
+                self._base + path, params=params, headers=self._headers, timeout=self._stream_timeout()
             ) as resp:
                 if resp.status >= 400:
                     await self._raise_for(resp)
-                async for chunk in resp.content.iter_chunked(chunk_size):
-                    yield chunk
-        except _retry.TRANSIENT as exc:
+                async for event in self._decoded(resp, _BYTE_FRAME):
+                    if isinstance(event, DataFrame):
+                        yield event.data
+                    elif isinstance(event, EndFrame):
+                        return
+                    elif isinstance(event, ErrorEvent):
+                        raise self._failed(event.error)
+            raise SandboxLost(
+                f"sandbox {self._sandbox_id}: the stream from {path} ended before its last frame",
+                sandbox_id=self._sandbox_id,
+                reason="stream",
+            )
+        except aiohttp.ServerTimeoutError:
+            raise self._silent() from None
+        except (*_retry.TRANSIENT, EOFError) as exc:
             raise await self._lost(exc) from exc
 
-    async def frames(self, path: str, body: object, timeout: float | None) -> AsyncIterator[Any]:
-        """A POST whose reply is a stream of framed msgpack events."""
+    async def frames(self, path: str, body: object, timeout: float | None) -> AsyncIterator[OutputEvent | ExitEvent]:
+        """A POST whose reply is a stream of framed events: heartbeats dropped, an error frame raised.
+
+        ``timeout`` is the command's own; the stream's deadline is
+        ``stream_idle_timeout`` of silence, which heartbeats prevent.
+        """
         self._check_open()
         try:
             async with self._session.post(
-                self._base + path, data=encode(body), headers=self._headers, timeout=self._timeout(timeout)
+                self._base + path, data=encode(body), headers=self._headers, timeout=self._stream_timeout()
             ) as resp:
                 if resp.status >= 400:
                     await self._raise_for(resp)
-                while True:
-                    try:
-                        header = await resp.content.readexactly(FRAME_HEADER.size)
-                    except EOFError:
-                        return
-                    (size,) = FRAME_HEADER.unpack(header)
-                    if size > MAX_FRAME:
-                        raise ExecutorError(f"frame of {size} bytes is too large", code="internal")
-                    yield _STREAM_EVENT.decode(await resp.content.readexactly(size))
+                async for event in self._decoded(resp, _STREAM_EVENT):
+                    if isinstance(event, ErrorEvent):
+                        raise self._failed(event.error)
+                    if not isinstance(event, HeartbeatEvent):
+                        yield event
+        except aiohttp.ServerTimeoutError:
+            raise self._silent() from None
         except (*_retry.TRANSIENT, EOFError) as exc:
             raise await self._lost(exc) from exc
 
     def _check_open(self) -> None:
-        if self.closed:
+        if self.closed or self._session.closed:
             raise SandboxClosed(f"sandbox {self._sandbox_id} is closed", sandbox_id=self._sandbox_id)
+
+    def close(self, why: str) -> None:
+        """Refuse new requests and fail those in flight with ``SandboxClosed`` at once."""
+        self.closed = True
+        self._fail_all(lambda: SandboxClosed(f"sandbox {self._sandbox_id}: {why}", sandbox_id=self._sandbox_id))
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+
+    def _fail_all(self, error: Callable[[], OrchardError]) -> None:
+        current = asyncio.current_task()
+        for flight in list(self._flights):
+            if flight.task is not current:
+                flight.fail(error())
+
+    def _watch(self) -> _Flight:
+        """Put the current task's request under the liveness watchdog and ``close``; use as ``with``.
+
+        Not across a ``yield``: the task that resumes a generator may be another.
+        """
+        task = asyncio.current_task()
+        assert task is not None
+        flight = _Flight(self._flights, task, task.get_loop().time())
+        if self._watchdog is None and not self.closed:
+            self._watchdog = asyncio.create_task(self._watch_liveness())
+        return flight
+
+    async def _watch_liveness(self) -> None:
+        """While requests wait, probe an executor that has been silent for ``liveness_timeout``."""
+        loop = asyncio.get_running_loop()
+        try:
+            while self._flights:
+                due = max(min(f.started for f in self._flights), self._alive_at) + self._liveness_timeout
+                if loop.time() < due:
+                    await asyncio.sleep(due - loop.time())
+                    continue
+                error = await self._probe()
+                if error is None:
+                    self._alive_at = loop.time()
+                else:
+                    self._fail_all(lambda e=error: e)  # type: ignore[misc]
+        finally:
+            self._watchdog = None
+
+    async def _probe(self) -> OrchardError | None:
+        """None if ``/healthz`` answers within ``liveness_timeout``, else why the sandbox is gone or stuck."""
+        try:
+            async with asyncio.timeout(self._liveness_timeout):
+                # Retried within the deadline: one refused connection (a port-forward's, say) proves nothing.
+                async for attempt in _retry.policy(attempts=1000):
+                    with attempt:
+                        async with self._session.get(self._base + "/healthz") as resp:
+                            resp.close()  # any answer shows the executor's loop is running
+                            return None
+        except (TimeoutError, *_retry.TRANSIENT):
+            pass
+        found = await self._diagnose()
+        if found is not None:
+            return found
+        return SandboxTimeout(
+            f"sandbox {self._sandbox_id}: the executor at {self._base} stopped answering: a request waited "
+            f"{self._liveness_timeout:g}s and /healthz then got no answer within liveness_timeout="
+            f"{self._liveness_timeout:g}s (a Client option); it is frozen or overloaded",
+            sandbox_id=self._sandbox_id,
+        )
 
     async def _run(self, once: Callable[[], Awaitable[T]], retry: bool) -> T:
         self._check_open()
-        try:
-            # The first try goes without the retry controller: it is the hot path.
-            return await once()
-        except _retry.TRANSIENT as exc:
-            if not retry:
+        with self._watch():
+            try:
+                # The first try goes without the retry controller: it is the hot path.
+                return await once()
+            except _retry.TOO_SLOW as exc:
+                raise await self._timed_out(exc) from None
+            except _retry.TRANSIENT as exc:
+                if not retry:
+                    raise await self._lost(exc) from exc
+            try:
+                async for attempt in _retry.policy(attempts=3):
+                    with attempt:
+                        return await once()
+            except _retry.TOO_SLOW as exc:
+                raise await self._timed_out(exc) from None
+            except _retry.TRANSIENT as exc:
                 raise await self._lost(exc) from exc
-        try:
-            async for attempt in _retry.policy(attempts=3):
-                with attempt:
-                    return await once()
-        except _retry.TRANSIENT as exc:
-            raise await self._lost(exc) from exc
         raise AssertionError("unreachable: the retry policy reraises")

@@ -36,13 +36,18 @@ from orchard_executor.protocol import (
     WaitRequest,
 )
 
-from ._rpc import ExecutorClient
+from ._rpc import MAX_REPLY, REPLY_SLACK, ExecutorClient
 from ._spec import SandboxSpec
 from .errors import PathNotFound, SandboxLost, UnsafeArchive
 
 Command = str | Sequence[str]
 Data = bytes | str | AsyncIterable[bytes]
 _CHUNK = 256 * 1024
+
+
+def _result_limit(max_output: int) -> int:
+    """The largest exec reply to accept: both streams at their cap, and the rest."""
+    return 2 * max(max_output, 0) + REPLY_SLACK
 
 
 def _stdin(data: bytes | str | None) -> bytes | None:
@@ -90,7 +95,9 @@ class Process:
     ) -> OutputChunk:
         """Read output from ``offset``; pass ``chunk.next_offset`` to continue."""
         params = {"stream": stream, "offset": str(offset), "limit": str(limit)}
-        return await self._rpc.call("GET", f"{self._path}/output", OutputChunk, params=params)
+        return await self._rpc.call(
+            "GET", f"{self._path}/output", OutputChunk, params=params, limit=max(MAX_REPLY, limit + REPLY_SLACK)
+        )
 
     async def output(self, stream: Literal["stdout", "stderr"] = "stdout") -> bytes:
         """All the output of ``stream`` produced so far."""
@@ -156,7 +163,9 @@ class Shell:
             max_output=max_output,
             request_id=uuid.uuid4().hex,
         )
-        return await self._rpc.call("POST", f"/v1/sessions/{self.id}/exec", ExecResult, req, timeout=timeout)
+        return await self._rpc.call(
+            "POST", f"/v1/sessions/{self.id}/exec", ExecResult, req, timeout=timeout, limit=_result_limit(max_output)
+        )
 
     async def aclose(self) -> None:
         """End the session."""
@@ -201,11 +210,15 @@ class Sandbox:
         return self.spec.image
 
     async def aclose(self) -> None:
-        """Delete the sandbox and everything running in it; safe to call twice."""
+        """Delete the sandbox and everything running in it; safe to call twice.
+
+        Calls still in flight (an ``exec`` of another task, say) fail at once
+        with ``SandboxClosed``; their commands are killed with the sandbox.
+        """
         if self._closed:
             return
         self._closed = True
-        self._rpc.closed = True
+        self._rpc.close("closed while this call was in flight")
         await self._close()
 
     async def __aenter__(self) -> Sandbox:
@@ -239,9 +252,16 @@ class Sandbox:
             max_output: bytes kept per stream; beyond it the first and last
                 halves are kept and ``stdout_truncated``/``stderr_truncated`` set.
             shell: the shell that runs a string ``cmd``.
+
+        Without a ``timeout`` the command may run for hours; the client then
+        watches the executor instead (``Client(liveness_timeout=...)``) and
+        raises ``SandboxTimeout`` if it stops answering. With one, the reply
+        is due ``read_timeout`` after it.
         """
         req = _request(cmd, cwd, env, stdin, timeout, shell, max_output=max_output, request_id=uuid.uuid4().hex)
-        return await self._rpc.call("POST", "/v1/exec", ExecResult, req, timeout=timeout)
+        return await self._rpc.call(
+            "POST", "/v1/exec", ExecResult, req, timeout=timeout, limit=_result_limit(max_output)
+        )
 
     async def exec_stream(
         self,

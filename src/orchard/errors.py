@@ -29,7 +29,11 @@ class SandboxStartError(OrchardError, RuntimeError):
 
 
 class SandboxTimeout(OrchardError, TimeoutError):
-    """A sandbox did not become ready within ``start_timeout``."""
+    """A sandbox was not ready within ``start_timeout``, or its executor stopped answering.
+
+    The message names the deadline that passed (``start_timeout``, or the
+    Client's ``read_timeout`` or ``liveness_timeout``).
+    """
 
 
 class SandboxLost(OrchardError, ConnectionError):
@@ -43,6 +47,14 @@ class SandboxLost(OrchardError, ConnectionError):
 
 class SandboxClosed(OrchardError, RuntimeError):
     """The sandbox (or its client) was already closed."""
+
+
+class ProtocolError(OrchardError, ConnectionError):
+    """The executor sent a reply the client refuses: too large, not the wire schema, or not msgpack.
+
+    The client stops reading at once; a sound executor never sends such a
+    reply, so it means a broken or hostile one.
+    """
 
 
 class ExecutorError(OrchardError):
