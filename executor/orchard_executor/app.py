@@ -7,6 +7,7 @@ import collections
 import contextlib
 import hashlib
 import hmac
+import logging
 import os
 import signal
 import tempfile
@@ -19,19 +20,26 @@ from aiohttp import web
 
 from . import __version__, files, tarstream
 from .errors import ExecutorError
-from .processes import ProcessTable
+from .processes import MAX_READ, ProcessTable
 from .protocol import (
     API_VERSION,
     FRAMES,
+    HEARTBEAT,
     JSON,
+    MAX_BODY,
+    MAX_INT,
     MSGPACK,
-    OCTET,
-    TAR,
+    SETID_BITS,
+    DataFrame,
     Empty,
+    EndFrame,
+    Error,
+    ErrorEvent,
     ExecRequest,
     ExecResult,
     ExitEvent,
     FileList,
+    HeartbeatEvent,
     Info,
     MkdirRequest,
     OutputEvent,
@@ -60,6 +68,11 @@ DEDUP_ENTRIES = 4096
 RETRY_GRACE = 5.0
 #: Streaming exec: stop reading the command's pipes above this many queued bytes.
 STREAM_HIGH_WATER = 1024 * 1024
+#: Seconds a structured body may take to arrive (a peer trickling bytes holds nothing longer).
+BODY_TIMEOUT = 120.0
+
+log = logging.getLogger("orchard_executor")
+_HEARTBEAT_FRAME = frame(HeartbeatEvent())
 
 
 class Settings(msgspec.Struct, kw_only=True):
@@ -104,7 +117,8 @@ class State:
         """Constant-time check of an ``Authorization: Bearer`` header."""
         if not header or not header.startswith("Bearer "):
             return False
-        given = hashlib.sha256(header[7:].encode()).digest()
+        # Header bytes that are not UTF-8 arrive as surrogates: they are a wrong token, not an error.
+        given = hashlib.sha256(header[7:].encode("utf-8", "surrogateescape")).digest()
         return hmac.compare_digest(given, self._token)
 
     def stop(self, reason: str) -> None:
@@ -185,7 +199,15 @@ def _content_type(request: web.Request) -> str:
 
 async def _body(request: web.Request, type_: type[T]) -> T:
     try:
-        return decode(await request.read(), type_, _content_type(request))
+        raw = await asyncio.wait_for(request.read(), BODY_TIMEOUT)
+    except web.HTTPRequestEntityTooLarge:
+        raise ExecutorError(
+            "bad_request", f"a {type_.__name__} body is limited to {MAX_BODY} bytes (send large stdin as a file)"
+        ) from None
+    except TimeoutError:
+        raise ExecutorError("bad_request", f"the {type_.__name__} body took over {BODY_TIMEOUT:g}s") from None
+    try:
+        return decode(raw, type_, _content_type(request))
     except msgspec.ValidationError as exc:
         raise ExecutorError("bad_request", f"invalid {type_.__name__}: {exc}") from exc
     except msgspec.DecodeError as exc:
@@ -201,14 +223,27 @@ def _state(request: web.Request) -> State:
     return request.app[STATE]
 
 
-def _query_int(request: web.Request, name: str, default: int) -> int:
+def _query_int(request: web.Request, name: str, default: int, high: int = MAX_INT) -> int:
+    """An integer query parameter, within 0..high."""
     raw = request.query.get(name)
     if raw is None:
         return default
     try:
-        return int(raw, 0)
+        value = int(raw[:64], 0) if len(raw) <= 64 else None
     except ValueError:
-        raise ExecutorError("bad_request", f"query parameter {name}={raw!r} is not an integer") from None
+        value = None
+    if value is None:
+        raise ExecutorError("bad_request", f"query parameter {name}={raw[:64]!r} is not an integer")
+    if not 0 <= value <= high:
+        raise ExecutorError("bad_request", f"query parameter {name}={value} is not within 0..{high}")
+    return value
+
+
+def checked_mode(mode: int, setid: bool) -> int:
+    """A file mode, its setuid/setgid bits only when asked for explicitly."""
+    if mode & SETID_BITS and not setid:
+        raise ExecutorError("bad_request", f"mode {mode:#o} has setuid/setgid bits; pass setid to allow them")
+    return mode
 
 
 def _query_path(request: web.Request) -> str:
@@ -240,6 +275,9 @@ async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:
     except OSError as exc:
         err = ExecutorError.from_os_error(exc)
         return _reply(request, err.error, status=err.status)
+    except (ValueError, OverflowError) as exc:
+        # What the OS cannot take (a NUL byte, an unencodable name, a number out of range).
+        return _reply(request, Error(code="bad_request", message=f"invalid request: {exc}"), status=400)
     finally:
         state.in_flight -= 1
         state.last_activity = time.monotonic()
@@ -293,11 +331,56 @@ async def exec_(request: web.Request) -> web.Response:
     return _reply(request, result)
 
 
+async def _next(items: AsyncIterator[T]) -> T:
+    return await anext(items)
+
+
+def _error_event(exc: BaseException) -> ErrorEvent:
+    if isinstance(exc, ExecutorError):
+        return ErrorEvent(error=exc.error)
+    if isinstance(exc, OSError):
+        return ErrorEvent(error=ExecutorError.from_os_error(exc).error)
+    log.error("a stream failed", exc_info=exc)
+    return ErrorEvent(error=Error(code="internal", message=f"the stream failed: {exc!r}"))
+
+
+async def _send_frames(request: web.Request, frames: AsyncIterator[bytes]) -> web.StreamResponse:
+    """Send encoded frames as a FRAMES reply.
+
+    Gaps longer than ``HEARTBEAT`` get a heartbeat frame, and a failure of
+    ``frames`` after the reply started becomes a last ``ErrorEvent`` frame
+    (a second response on the same connection would hang the client).
+    """
+    response = web.StreamResponse(headers={"Content-Type": FRAMES})
+    await response.prepare(request)
+    task: asyncio.Future[bytes] | None = None
+    try:
+        while True:
+            task = asyncio.ensure_future(_next(frames))
+            while not (await asyncio.wait({task}, timeout=HEARTBEAT))[0]:
+                await response.write(_HEARTBEAT_FRAME)
+            try:
+                data = task.result()
+            except StopAsyncIteration:
+                break
+            except Exception as exc:
+                await response.write(frame(_error_event(exc)))
+                break
+            await response.write(data)
+    finally:
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+    await response.write_eof()
+    return response
+
+
 async def exec_stream(request: web.Request) -> web.StreamResponse:
     """Run a command, sending its output as framed events as it is produced."""
     state = _state(request)
     req = _checked(request, await _body(request, ExecRequest))
-    frames: asyncio.Queue[tuple[bytes, int] | None] = asyncio.Queue()
+    frames: asyncio.Queue[tuple[bytes, int] | BaseException | None] = asyncio.Queue()
     queued = 0
     paused = False
 
@@ -320,26 +403,32 @@ async def exec_stream(request: web.Request) -> web.StreamResponse:
 
     async def finish() -> None:
         # wait() returns after the pipes are drained, so every output frame is queued first.
-        code, sig, timed_out, duration = await proc.wait()
+        try:
+            code, sig, timed_out, duration = await proc.wait()
+        except Exception as exc:
+            frames.put_nowait(exc)
+            return
         result = ExecResult(exit_code=code, signal=sig, timed_out=timed_out, duration=duration)
         frames.put_nowait((frame(ExitEvent(result=result)), 0))
         frames.put_nowait(None)
 
-    waiter = asyncio.create_task(finish())
-    response = web.StreamResponse(headers={"Content-Type": FRAMES})
-    try:
-        await response.prepare(request)
+    async def events() -> AsyncIterator[bytes]:
+        nonlocal queued, paused
         while (item := await frames.get()) is not None:
-            await response.write(item[0])
+            if isinstance(item, BaseException):
+                raise item
+            yield item[0]
             queued -= item[1]
             if paused and queued < STREAM_HIGH_WATER // 4:
                 paused = False
                 proc.pause_output(False)
-        await response.write_eof()
+
+    waiter = asyncio.create_task(finish())
+    try:
+        return await _send_frames(request, events())
     finally:
         # A client that goes away mid-stream takes the command with it.
         waiter.cancel()
-    return response
 
 
 async def process_start(request: web.Request) -> web.Response:
@@ -363,10 +452,11 @@ async def process_status(request: web.Request) -> web.Response:
 async def process_output(request: web.Request) -> web.Response:
     """Read a background process's output from an offset."""
     bg = _state(request).processes.get(request.match_info["id"])
-    chunk = bg.read(
+    chunk = await bg.read(
         request.query.get("stream", "stdout"),
         _query_int(request, "offset", 0),
-        _query_int(request, "limit", 1024 * 1024),
+        # A larger limit is clamped to what one reply carries.
+        min(_query_int(request, "limit", 1024 * 1024), MAX_READ),
     )
     return _reply(request, chunk)
 
@@ -384,7 +474,7 @@ async def process_signal(request: web.Request) -> web.Response:
     """Signal a background process's process group."""
     bg = _state(request).processes.get(request.match_info["id"])
     req = await _body(request, SignalRequest)
-    if req.signal not in signal.valid_signals():
+    if req.signal not in signal.valid_signals() or req.signal == 0:
         raise ExecutorError("bad_request", f"invalid signal {req.signal}")
     if not bg.done.is_set():
         with contextlib.suppress(ProcessLookupError):
@@ -442,10 +532,11 @@ async def _body_chunks(request: web.Request) -> AsyncIterator[bytes]:
 async def file_write(request: web.Request) -> web.Response:
     """Write a file atomically from the streamed request body."""
     path = _query_path(request)
+    mode = checked_mode(_query_int(request, "mode", 0o644, 0o7777), request.query.get("setid") in ("1", "true"))
     await files.write_atomic(
         path,
         _body_chunks(request),
-        mode=_query_int(request, "mode", 0o644),
+        mode=mode,
         parents=request.query.get("parents", "1") not in ("0", "false"),
     )
     return _reply(request, files.file_stat(path))
@@ -454,54 +545,65 @@ async def file_write(request: web.Request) -> web.Response:
 async def file_read(request: web.Request) -> web.StreamResponse:
     """Send a file's bytes, streamed from disk."""
     path = _query_path(request)
-    st = files.file_stat(os.path.realpath(path))
+    # A cheap check first, so that devices are never even opened; the open re-checks what it got.
+    st = await asyncio.to_thread(files.file_stat, os.path.realpath(path))
     if st.type == "directory":
         raise ExecutorError("is_a_directory", f"{path} is a directory", path)
     if st.type != "file":
         raise ExecutorError("bad_request", f"{path} is not a regular file", path)
+    fd = await asyncio.to_thread(files.open_regular, path)
+    started = False
+
+    async def chunks() -> AsyncIterator[bytes]:
+        nonlocal started
+        started = True
+        read: asyncio.Future[bytes] | None = None
+        try:
+            # Read to EOF: pseudo-files (/proc, /sys) report a size of 0 yet have content.
+            while True:
+                read = asyncio.ensure_future(asyncio.to_thread(os.read, fd, files.CHUNK))
+                if not (chunk := await asyncio.shield(read)):
+                    break
+                yield frame(DataFrame(data=chunk))
+        finally:
+            # A read still running in its thread owns the fd until it returns.
+            if read is not None and not read.done():
+                read.add_done_callback(lambda _: os.close(fd))
+            else:
+                os.close(fd)
+        yield frame(EndFrame())
+
     try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError as exc:
-        raise ExecutorError.from_os_error(exc, path) from exc
-    response = web.StreamResponse(headers={"Content-Type": OCTET})
-    # Pseudo-files (/proc, /sys) report a size of 0 yet have content: send those to EOF.
-    sized = st.size > 0
-    if sized:
-        response.content_length = st.size
-    with os.fdopen(fd, "rb", buffering=0) as f:
-        await response.prepare(request)
-        sent = 0
-        while (sent < st.size or not sized) and (chunk := f.read(files.CHUNK)):
-            await response.write(chunk)
-            sent += len(chunk)
-    await response.write_eof()
-    return response
+        return await _send_frames(request, chunks())
+    finally:
+        if not started:
+            os.close(fd)
 
 
 async def file_stat(request: web.Request) -> web.Response:
     """Stat a path."""
-    return _reply(request, files.file_stat(_query_path(request)))
+    return _reply(request, await asyncio.to_thread(files.file_stat, _query_path(request)))
 
 
 async def file_list(request: web.Request) -> web.Response:
     """List a directory."""
-    return _reply(request, FileList(entries=files.list_dir(_query_path(request))))
+    return _reply(request, FileList(entries=await asyncio.to_thread(files.list_dir, _query_path(request))))
 
 
 async def file_mkdir(request: web.Request) -> web.Response:
     """Create a directory."""
     req = await _body(request, MkdirRequest)
     path = files.resolve(req.path, _state(request).settings.workdir)
-    files.mkdir(path, parents=req.parents, mode=req.mode, exist_ok=req.exist_ok)
+    mode = checked_mode(req.mode, req.setid)
+    await asyncio.to_thread(files.mkdir, path, parents=req.parents, mode=mode, exist_ok=req.exist_ok)
     return _reply(request, files.file_stat(path))
 
 
 async def file_remove(request: web.Request) -> web.Response:
     """Remove a path."""
     req = await _body(request, RemoveRequest)
-    files.remove(
-        files.resolve(req.path, _state(request).settings.workdir), recursive=req.recursive, missing_ok=req.missing_ok
-    )
+    path = files.resolve(req.path, _state(request).settings.workdir)
+    await asyncio.to_thread(files.remove, path, recursive=req.recursive, missing_ok=req.missing_ok)
     return _reply(request, Empty())
 
 
@@ -521,13 +623,14 @@ async def tar_download(request: web.Request) -> web.StreamResponse:
     """Send a directory (or file) as a tar stream."""
     chunks = files.stream_tar(_query_path(request))
     first = await anext(chunks, b"")  # errors such as a missing path surface before the headers
-    response = web.StreamResponse(headers={"Content-Type": TAR})
-    await response.prepare(request)
-    await response.write(first)
-    async for chunk in chunks:
-        await response.write(chunk)
-    await response.write_eof()
-    return response
+
+    async def framed() -> AsyncIterator[bytes]:
+        yield frame(DataFrame(data=first))
+        async for chunk in chunks:
+            yield frame(DataFrame(data=chunk))
+        yield frame(EndFrame())
+
+    return await _send_frames(request, framed())
 
 
 async def _idle_watch(state: State) -> None:
@@ -552,7 +655,8 @@ def create_app(settings: Settings) -> web.Application:
     """Build the executor's application."""
     if len(bytes.fromhex(settings.token_sha256)) != 32:
         raise ValueError("token_sha256 must be 64 hex digits")
-    app = web.Application(middlewares=[_guard], client_max_size=1024**3)
+    # File and tar bodies are streamed, not read whole: the limit is on structured bodies.
+    app = web.Application(middlewares=[_guard], client_max_size=MAX_BODY)
     app[SETTINGS] = settings
     app[STATE] = State(settings)
     app.cleanup_ctx.append(_lifecycle)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import errno
 import os
 import shutil
 import stat
@@ -20,7 +22,42 @@ def resolve(path: str, cwd: str) -> str:
     """An absolute path, relative ones taken from the executor's working directory."""
     if not path:
         raise ExecutorError("bad_request", "path is empty")
+    if "\0" in path:
+        raise ExecutorError("bad_request", "a path cannot hold a NUL byte")
     return os.path.normpath(os.path.join(cwd, path))
+
+
+def open_regular(path: str, *, follow: bool = True) -> int:
+    """Open a regular file for reading; anything else (a FIFO, a device) is refused.
+
+    O_NONBLOCK makes opening a FIFO return at once instead of waiting for a
+    writer, and the fstat after the open sees what was opened, so a path
+    swapped between a check and the open cannot freeze the caller.
+    """
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP and not follow:
+            raise ExecutorError("bad_request", f"{path} is a symlink", path) from exc
+        raise ExecutorError.from_os_error(exc, path) from exc
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        if stat.S_ISDIR(mode):
+            raise ExecutorError("is_a_directory", f"{path} is a directory", path)
+        raise ExecutorError("bad_request", f"{path} is not a regular file", path)
+    return fd
+
+
+def read_at(fd: int, offset: int, size: int) -> bytes:
+    """Read up to ``size`` bytes at ``offset``, however many reads it takes (run in a thread)."""
+    parts = []
+    while size > 0 and (data := os.pread(fd, min(size, CHUNK * 4), offset)):
+        parts.append(data)
+        offset += len(data)
+        size -= len(data)
+    return b"".join(parts)
 
 
 def _type(mode: int) -> FileType:
@@ -120,9 +157,8 @@ async def write_atomic(path: str, chunks: AsyncIterator[bytes], *, mode: int, pa
     try:
         with os.fdopen(fd, "wb", buffering=0) as f:
             async for chunk in chunks:
-                view = memoryview(chunk)
-                while view:
-                    view = view[f.write(view) or 0 :]
+                # Disk writes can block for long (a full or slow disk): never on the event loop.
+                await asyncio.to_thread(_write_all, f.fileno(), chunk)
             os.fchmod(f.fileno(), mode)
         os.replace(tmp, path)
     except OSError as exc:
@@ -133,6 +169,12 @@ async def write_atomic(path: str, chunks: AsyncIterator[bytes], *, mode: int, pa
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
 
 
 async def extract_tar(

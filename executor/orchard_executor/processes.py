@@ -8,6 +8,7 @@ import os
 import secrets
 import time
 
+from . import files
 from .errors import ExecutorError
 from .protocol import ExecRequest, OutputChunk, ProcessStatus
 from .runner import Child, build_argv, kill_tree, write_all
@@ -63,17 +64,23 @@ class BackgroundProcess:
             timed_out=self.timed_out,
         )
 
-    def read(self, stream: str, offset: int, limit: int) -> OutputChunk:
+    async def read(self, stream: str, offset: int, limit: int) -> OutputChunk:
         """Read up to ``limit`` bytes of a stream's output from ``offset``."""
         if stream not in self.paths:
             raise ExecutorError("bad_request", f"stream must be stdout or stderr, not {stream!r}")
         ended = self.done.is_set()
-        with open(self.paths[stream], "rb") as f:
-            f.seek(offset)
-            data = f.read(min(limit, MAX_READ))
-            size = os.fstat(f.fileno()).st_size
+        data, size = await asyncio.to_thread(_read, self.paths[stream], offset, min(limit, MAX_READ))
         next_offset = offset + len(data)
         return OutputChunk(data=data, offset=offset, next_offset=next_offset, eof=ended and next_offset >= size)
+
+
+def _read(path: str, offset: int, size: int) -> tuple[bytes, int]:
+    # The sandbox may have swapped the file for a FIFO or a symlink: open_regular refuses both.
+    fd = files.open_regular(path, follow=False)
+    try:
+        return files.read_at(fd, offset, size), os.fstat(fd).st_size
+    finally:
+        os.close(fd)
 
 
 class ProcessTable:

@@ -22,24 +22,40 @@ Endpoints, all under ``/v1`` except ``/healthz``::
     POST   /v1/sessions                      SessionRequest -> SessionInfo
     POST   /v1/sessions/{id}/exec            SessionExecRequest -> ExecResult
     DELETE /v1/sessions/{id}                 -> SessionInfo
-    PUT    /v1/files?path=&mode=&parents=    raw body -> FileStat (atomic)
-    GET    /v1/files?path=                   -> raw body
+    PUT    /v1/files?path=&mode=&parents=&setid=  raw body -> FileStat (atomic)
+    GET    /v1/files?path=                   -> frames of ByteFrame (the file)
     GET    /v1/files/stat?path=              -> FileStat
     GET    /v1/files/list?path=              -> FileList
     POST   /v1/files/mkdir                   MkdirRequest -> FileStat
     POST   /v1/files/remove                  RemoveRequest -> Empty
     PUT    /v1/files/tar?path=               tar body -> FileStat of the directory
-    GET    /v1/files/tar?path=               -> tar body
+    GET    /v1/files/tar?path=               -> frames of ByteFrame (a plain tar)
 
 Errors come back with a 4xx/5xx status and an ``Error`` body; ``code`` is one
 of ``ERROR_CODES`` and the client maps it to an exception through a fixed
 table.
+
+Streamed replies (``FRAMES``) are length-prefixed msgpack messages (see
+``frame``), so that a failure after the reply started can still be told:
+the stream then ends with an ``ErrorEvent`` instead of its normal last
+frame (``ExitEvent`` for exec, ``EndFrame`` for files and tars). A stream
+that stops without its last frame was cut. While a stream has nothing to
+say, the executor sends a ``HeartbeatEvent`` every ``HEARTBEAT`` seconds, so
+the client can hold an idle deadline on it and tell a frozen executor from
+a quiet command.
+
+Limits: structured (msgpack/JSON) bodies are at most ``MAX_BODY`` bytes
+(send more stdin as a file; raw file and tar bodies are streamed and not
+limited). Strings that reach the OS (argv, env, paths) may not hold NUL,
+env names may not hold ``=``; timeouts are finite and positive, modes are
+within 0..0o7777 and carry setuid/setgid bits only when asked
+(``setid=1``, ``MkdirRequest.setid``); a bad value is a 400 ``bad_request``.
 """
 
 from __future__ import annotations
 
 import struct
-from typing import Literal, TypeVar
+from typing import Annotated, Literal, TypeVar
 
 import msgspec
 
@@ -53,6 +69,26 @@ FRAMES = "application/x-orchard-frames"
 
 #: Default cap, per stream, on the output an exec returns.
 DEFAULT_MAX_OUTPUT = 10 * 1024 * 1024
+#: Largest structured (msgpack/JSON) request body.
+MAX_BODY = 64 * 1024 * 1024
+#: Seconds between heartbeats on a stream that has nothing else to send.
+HEARTBEAT = 1.0
+#: Largest timeout a request may give, in seconds (a year).
+MAX_TIMEOUT = 366 * 24 * 3600.0
+#: Largest offset or count a request may give (a signed 64-bit file offset).
+MAX_INT = 2**63 - 1
+#: The setuid and setgid bits, which a mode carries only when asked.
+SETID_BITS = 0o6000
+
+# Constraints the OS imposes, checked when a body is decoded.
+Text = Annotated[str, msgspec.Meta(pattern=r"^[^\x00]*$")]
+PathText = Annotated[str, msgspec.Meta(min_length=1, pattern=r"^[^\x00]*$")]
+EnvName = Annotated[str, msgspec.Meta(pattern=r"^[^\x00=]+$")]
+Env = dict[EnvName, Text]
+Timeout = Annotated[float, msgspec.Meta(gt=0, le=MAX_TIMEOUT)]
+Mode = Annotated[int, msgspec.Meta(ge=0, le=0o7777)]
+Count = Annotated[int, msgspec.Meta(ge=0, le=MAX_INT)]
+RequestId = Annotated[str, msgspec.Meta(max_length=256)]
 
 ErrorCode = Literal[
     "unauthorized",
@@ -103,16 +139,16 @@ class Info(msgspec.Struct, kw_only=True):
 class ExecRequest(msgspec.Struct, kw_only=True):
     """Run a command: ``cmd`` is an argv list, or a string for the shell."""
 
-    cmd: list[str] | str
-    cwd: str | None = None
-    env: dict[str, str] | None = None
+    cmd: list[Text] | Text
+    cwd: PathText | None = None
+    env: Env | None = None
     stdin: bytes | None = None
-    timeout: float | None = None
-    max_output: int = DEFAULT_MAX_OUTPUT
+    timeout: Timeout | None = None
+    max_output: Count = DEFAULT_MAX_OUTPUT
     #: Shell that runs a string ``cmd``, as ``shell -c cmd``.
-    shell: str = "/bin/sh"
+    shell: PathText = "/bin/sh"
     #: Makes the request idempotent: a retry returns the first run's result.
-    request_id: str | None = None
+    request_id: RequestId | None = None
 
 
 class ExecResult(msgspec.Struct, kw_only=True):
@@ -165,7 +201,28 @@ class ExitEvent(msgspec.Struct, tag="exit", kw_only=True):
     result: ExecResult
 
 
-StreamEvent = OutputEvent | ExitEvent
+class HeartbeatEvent(msgspec.Struct, tag="heartbeat"):
+    """Sent on a stream with nothing else to say, every ``HEARTBEAT`` seconds."""
+
+
+class ErrorEvent(msgspec.Struct, tag="error", kw_only=True):
+    """The last frame of a stream that failed after its reply started."""
+
+    error: Error
+
+
+class DataFrame(msgspec.Struct, tag="data", kw_only=True):
+    """The next bytes of a streamed file or tar archive."""
+
+    data: bytes
+
+
+class EndFrame(msgspec.Struct, tag="end"):
+    """The last frame of a streamed file or tar archive that was sent whole."""
+
+
+StreamEvent = OutputEvent | ExitEvent | HeartbeatEvent | ErrorEvent
+ByteFrame = DataFrame | EndFrame | HeartbeatEvent | ErrorEvent
 
 
 class ProcessStatus(msgspec.Struct, kw_only=True):
@@ -176,11 +233,18 @@ class ProcessStatus(msgspec.Struct, kw_only=True):
     running: bool
     exit_code: int | None = None
     signal: int | None = None
+    #: Bytes kept on disk per stream (at most the executor's cap, 256 MiB by default).
     stdout_size: int = 0
     stderr_size: int = 0
     started_at: float = 0.0
     duration: float | None = None
     timed_out: bool = False
+    #: Bytes the process wrote per stream, kept or not.
+    stdout_total: int = 0
+    stderr_total: int = 0
+    #: Whether output beyond the cap was dropped (the first bytes are kept).
+    stdout_truncated: bool = False
+    stderr_truncated: bool = False
 
 
 class ProcessList(msgspec.Struct, kw_only=True):
@@ -209,21 +273,21 @@ class StdinRequest(msgspec.Struct, kw_only=True):
 class SignalRequest(msgspec.Struct, kw_only=True):
     """Send a signal to a background process's whole process group."""
 
-    signal: int
+    signal: Annotated[int, msgspec.Meta(ge=1, le=128)]
 
 
 class WaitRequest(msgspec.Struct, kw_only=True):
     """Wait for a background process to end, at most ``timeout`` seconds."""
 
-    timeout: float | None = None
+    timeout: Annotated[float, msgspec.Meta(ge=0, le=MAX_TIMEOUT)] | None = None
 
 
 class SessionRequest(msgspec.Struct, kw_only=True):
     """Start a persistent shell session."""
 
-    cwd: str | None = None
-    env: dict[str, str] | None = None
-    shell: str = "bash"
+    cwd: PathText | None = None
+    env: Env | None = None
+    shell: PathText = "bash"
 
 
 class SessionInfo(msgspec.Struct, kw_only=True):
@@ -236,11 +300,11 @@ class SessionInfo(msgspec.Struct, kw_only=True):
 class SessionExecRequest(msgspec.Struct, kw_only=True):
     """Run a shell command in a session; its cwd, env and variables persist."""
 
-    command: str
-    timeout: float | None = None
+    command: Text
+    timeout: Timeout | None = None
     stdin: bytes | None = None
-    max_output: int = DEFAULT_MAX_OUTPUT
-    request_id: str | None = None
+    max_output: Count = DEFAULT_MAX_OUTPUT
+    request_id: RequestId | None = None
 
 
 FileType = Literal["file", "directory", "symlink", "other"]
@@ -267,16 +331,18 @@ class FileList(msgspec.Struct, kw_only=True):
 class MkdirRequest(msgspec.Struct, kw_only=True):
     """Create a directory."""
 
-    path: str
+    path: PathText
     parents: bool = True
-    mode: int = 0o755
+    mode: Mode = 0o755
     exist_ok: bool = True
+    #: Allow the setuid/setgid bits in ``mode``.
+    setid: bool = False
 
 
 class RemoveRequest(msgspec.Struct, kw_only=True):
     """Remove a file, a symlink, or (with ``recursive``) a directory tree."""
 
-    path: str
+    path: PathText
     recursive: bool = False
     missing_ok: bool = False
 

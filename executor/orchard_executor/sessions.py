@@ -17,6 +17,7 @@ import os
 import secrets
 import shutil
 
+from . import files
 from .errors import ExecutorError
 from .protocol import ExecRequest, ExecResult, SessionExecRequest
 from .runner import run
@@ -98,9 +99,19 @@ class Session:
             )
             if not result.timed_out and os.path.exists(nxt):
                 os.replace(nxt, state)
-                with contextlib.suppress(OSError), open(cwd_file) as f:
-                    self.cwd = f.read() or self.cwd
+                with contextlib.suppress(OSError, ExecutorError, UnicodeDecodeError):
+                    # The command may have left a FIFO or a symlink there: open_regular refuses both.
+                    cwd = await asyncio.to_thread(_read_small, cwd_file)
+                    self.cwd = cwd or self.cwd
             return result
+
+
+def _read_small(path: str) -> str:
+    fd = files.open_regular(path, follow=False)
+    try:
+        return files.read_at(fd, 0, 1024 * 1024).decode()
+    finally:
+        os.close(fd)
 
 
 class SessionTable:
