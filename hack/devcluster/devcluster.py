@@ -7,20 +7,23 @@ Usage::
     hack/devcluster/devcluster status   # what runs, is the node Ready (exit 1 if not healthy)
     hack/devcluster/devcluster env      # shell exports: KUBECONFIG, PATH (kubectl)
     hack/devcluster/devcluster down     # stop everything it started, undo every change [--keep-logs DIR]
-    hack/devcluster/devcluster build    # only build/refresh the Kubernetes binaries
+    hack/devcluster/devcluster build    # only build/refresh the Kubernetes, etcd and kube-router binaries
 
 What ``up`` does:
 
 * installs the Debian packages it needs (containerd, runc, CNI plugins,
-  iptables, openssl, busybox-static, docker.io) without starting their services;
+  iptables, ipset, openssl, busybox-static, docker.io) without starting their services;
 * builds kube-apiserver, kube-scheduler, kube-controller-manager, kubelet and
   kubectl of one pinned Kubernetes (``K8S_VERSION``) from the ``k8s.io/kubernetes``
   Go module into ``/var/cache/orchard/k8s/<version>/bin`` (reused while the
   version, the Go toolchain and the recipe are unchanged), and etcd (``ETCD_VERSION``)
-  from the Go module proxy into ``/var/cache/orchard/k8s/etcd-<version>``;
+  and kube-router (``KUBE_ROUTER_VERSION``) from the Go module proxy into
+  ``/var/cache/orchard/k8s/etcd-<version>`` and ``kube-router-<version>``;
 * starts etcd, the control plane, a private containerd (own socket, root and
   state dirs, so it never touches dockerd's containerd), a CNI bridge network
-  and the kubelet, writes a kubeconfig and waits until the node is Ready;
+  and the kubelet, writes a kubeconfig and waits until the node is Ready, then
+  starts kube-router's NetworkPolicy controller (alone: no routing, no service
+  proxy) and waits for its first sync;
 * builds the pause image and a small busybox httpd test image without docker
   and imports them into that containerd's ``k8s.io`` namespace; then, if
   ``scripts/docker-setup.sh`` exists, runs it and imports the injector and task
@@ -29,15 +32,16 @@ What ``up`` does:
 The cluster: node ``orchard-dev`` (its IP is the host's), pods on the bridge
 ``orchard0`` in 10.234.0.0/16, reachable from the host; pods cannot send
 traffic beyond the node (set ORCHARD_DEVCLUSTER_POD_EGRESS=1 to allow it).
-There is no kube-proxy, no cluster DNS and no NetworkPolicy enforcement.
+NetworkPolicy is enforced (kube-router: iptables and ipsets); the node itself
+always reaches its pods. There is no kube-proxy and no cluster DNS.
 Pods must use ``imagePullPolicy: Never`` or ``IfNotPresent``: no registry.
 
 Every process is started in its own session and in the tracking cgroup
 ``/sys/fs/cgroup/pids/orchard-devcluster``, with its pid recorded; ``down``
 stops them by pid (checking the pid still is the process started), kills the
 pods' processes and what is left in the tracking cgroup (containerd shims),
-unmounts, removes the cgroups, CNI state, the bridge and the iptables chains
-that appeared with the cluster, restores the sysctls the kubelet changes, and
+unmounts, removes the cgroups, CNI state, the bridge, the iptables chains and
+ipsets that appeared with the cluster, restores the sysctls it changed, and
 deletes the cluster state.  Logs of every component are in
 ``/var/lib/orchard-devcluster/logs`` while the cluster exists
 (``down --keep-logs DIR`` copies them out first).
@@ -123,6 +127,7 @@ PACKAGES = [
     "busybox-static",
     "docker.io",
     "ca-certificates",
+    "ipset",  # kube-router's NetworkPolicy controller keeps its peer sets in ipsets
 ]
 BINARIES = ["kube-apiserver", "kube-scheduler", "kube-controller-manager", "kubelet", "kubectl"]
 
@@ -156,8 +161,13 @@ KUBELET_SYSCTLS = [
     "kernel/keys/root_maxkeys",
     "kernel/keys/root_maxbytes",
 ]
-# Chains the cluster may create (CNI bridge/firewall plugins, kubelet canaries).
+# Pods on the bridge must pass the host's iptables for NetworkPolicy between them (br_netfilter).
+NETPOL_SYSCTLS = ["net/bridge/bridge-nf-call-iptables"]
+# Chains the cluster may create (CNI bridge/firewall plugins, kubelet canaries, kube-router).
 OWNED_CHAIN_PREFIXES = ("CNI-", "KUBE-")
+# kube-router's filter chains and ipsets (TMP- sets live only while it swaps one in: ours only per the snapshot).
+NETPOL_CHAIN_PREFIXES = ("KUBE-ROUTER-", "KUBE-POD-FW-", "KUBE-NWPLCY-")
+NETPOL_IPSET_PREFIXES = ("KUBE-SRC-", "KUBE-DST-")
 
 # Host paths the components may create outside our dirs; `down` removes those that did not exist before `up`
 # (children before parents).
@@ -169,8 +179,19 @@ CREATED_OUTSIDE_STATE = [
     KUBELET_DEVICE_PLUGINS.parent,
 ]
 
+# The NetworkPolicy agent: kube-router's policy controller alone (iptables + ipset). kube-network-policies
+# needs nfqueue, which these kernels lack.
+NETPOL_AGENT = "kube-router"
 # Order matters: `down` stops them in reverse.
-COMPONENTS = ["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "containerd", "kubelet"]
+COMPONENTS = [
+    "etcd",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "containerd",
+    "kubelet",
+    NETPOL_AGENT,
+]
 
 ENV = dict(os.environ)
 ENV["PATH"] = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:" + ENV.get("PATH", "")
@@ -291,6 +312,9 @@ BUILD_RECIPE_VERSION = "1"  # bump when the way binaries are built changes
 # requests, so the API server refuses streaming list-watch (sendInitialEvents),
 # which client-go >= 1.35 reflectors (KWOK's among them) then retry with backoff.
 ETCD_VERSION = os.environ.get("ORCHARD_ETCD_VERSION", "v3.6.16")
+# The newest kube-router the module proxy serves here; its go.mod (go 1.21) builds with newer toolchains.
+KUBE_ROUTER_VERSION = os.environ.get("ORCHARD_KUBE_ROUTER_VERSION", "v2.1.0")
+KUBE_ROUTER_MODULE = "github.com/cloudnativelabs/kube-router/v2"
 
 
 def bin_dir() -> Path:
@@ -429,6 +453,32 @@ def build_etcd() -> None:
         )
         tmp.rename(out)
         log(f"built etcd {ETCD_VERSION} in {time.monotonic() - t0:.0f}s")
+
+
+def kube_router_binary() -> Path:
+    """Where the kube-router of the pinned version lives."""
+    return CACHE / f"kube-router-{KUBE_ROUTER_VERSION}" / "kube-router"
+
+
+def build_kube_router() -> None:
+    """Build the pinned kube-router from the Go module proxy into the cache unless already there (~3 min)."""
+    out = kube_router_binary()
+    if out.exists():
+        return
+    with locked(CACHE / ".build.lock"):
+        t0 = time.monotonic()
+        log(f"building kube-router {KUBE_ROUTER_VERSION} into {out}")
+        gobin = out.parent / ".gobin"
+        gobin.mkdir(parents=True, exist_ok=True)
+        # Its go.mod has no replace directives, so `go install pkg@version` builds it as released.
+        env = dict(go_env(), GOBIN=str(gobin), GOFLAGS="-trimpath -buildvcs=false")
+        version = f"{KUBE_ROUTER_MODULE}/pkg/version"
+        ldflags = f"-s -w -X {version}.Version={KUBE_ROUTER_VERSION} -X {version}.BuildDate=1970-01-01T00:00:00Z"
+        pkg = f"{KUBE_ROUTER_MODULE}/cmd/kube-router@{KUBE_ROUTER_VERSION}"
+        run(["nice", "-n", "10", "go", "install", "-ldflags", ldflags, pkg], env=env, cwd=out.parent)
+        (gobin / "kube-router").rename(out)
+        gobin.rmdir()
+        log(f"built kube-router {KUBE_ROUTER_VERSION} in {time.monotonic() - t0:.0f}s")
 
 
 # --------------------------------------------------------------------------- processes
@@ -619,15 +669,22 @@ def iptables_chains() -> dict[str, dict[str, list[str]]]:
     return result
 
 
+def ipset_names() -> list[str]:
+    """Names of the host's ipsets (none when the ipset tool is missing)."""
+    p = run(["ipset", "list", "-n"], check=False, quiet=True)
+    return p.stdout.decode(errors="replace").split() if p.returncode == 0 else []
+
+
 def take_snapshot() -> None:
-    """Record what `down` must restore or must not remove: sysctls, chains, dirs that pre-existed."""
+    """Record what `down` must restore or must not remove: sysctls, chains, ipsets, dirs that pre-existed."""
     sysctls = {}
-    for s in KUBELET_SYSCTLS:
+    for s in [*KUBELET_SYSCTLS, *NETPOL_SYSCTLS]:
         with contextlib.suppress(OSError):
             sysctls[s] = Path("/proc/sys", s).read_text().strip()
     snap = {
         "sysctls": sysctls,
         "chains": iptables_chains(),
+        "ipsets": ipset_names(),
         "existed": {str(p): p.exists() for p in CREATED_OUTSIDE_STATE},
     }
     SNAPSHOT.write_text(json.dumps(snap, indent=1))
@@ -1036,21 +1093,68 @@ def ports_in_use() -> list[str]:
 
 
 def block_pod_egress() -> None:
-    """Drop forwarded traffic from pods to anywhere but other pods (CNI-ADMIN: the firewall plugin's admin chain).
+    """Drop forwarded traffic from pods to anywhere but other pods, in the mangle table's FORWARD chain.
 
-    Host to pod and pod to host traffic is not forwarded and stays allowed.
+    Mangle runs before filter, where kube-router ACCEPTs what NetworkPolicy allows (an egress rule to
+    0.0.0.0/0 included) ahead of every other FORWARD rule. Host to pod and pod to host traffic is not
+    forwarded; NetworkPolicy alone decides it.
     """
     if POD_EGRESS:
         return
-    run(["iptables", "-w", "5", "-N", "CNI-ADMIN"], check=False, quiet=True)
     rule = ["-s", POD_CIDR, "!", "-d", POD_CIDR, "-m", "comment", "--comment", f"{CNI_NETWORK}: no pod egress"]
-    if run(["iptables", "-w", "5", "-C", "CNI-ADMIN", *rule, "-j", "DROP"], check=False, quiet=True).returncode:
-        run(["iptables", "-w", "5", "-A", "CNI-ADMIN", *rule, "-j", "DROP"])
+    ipt = ["iptables", "-w", "5", "-t", "mangle"]
+    if run([*ipt, "-C", "FORWARD", *rule, "-j", "DROP"], check=False, quiet=True).returncode:
+        run([*ipt, "-I", "FORWARD", "1", *rule, "-j", "DROP"])
+
+
+def enable_bridge_netfilter() -> None:
+    """Make bridged pod-to-pod traffic pass iptables, where the NetworkPolicy agent filters it."""
+    if not Path("/proc/sys/net/bridge").is_dir():
+        run(["modprobe", "br_netfilter"], check=False)
+    for s in NETPOL_SYSCTLS:
+        try:
+            Path("/proc/sys", s).write_text("1\n")
+        except OSError as e:
+            raise ClusterError(f"cannot set {s} (br_netfilter): {e}; NetworkPolicy between pods needs it") from e
+
+
+def netpol_synced() -> bool:
+    """Whether kube-router has made its first full sync: FORWARD jumps to its chain, which ends in its ACCEPT."""
+    rules = run(["iptables-save", "-t", "filter"], quiet=True).stdout.decode(errors="replace").splitlines()
+    jumps = any(r.startswith("-A FORWARD ") and r.endswith("-j KUBE-ROUTER-FORWARD") for r in rules)
+    accepts = any(r.startswith("-A KUBE-ROUTER-FORWARD ") and "0x20000/0x20000 -j ACCEPT" in r for r in rules)
+    return jumps and accepts
+
+
+def start_netpol_agent() -> None:
+    """Start kube-router's NetworkPolicy controller alone (no routing, no service proxy) and wait for its sync."""
+    enable_bridge_netfilter()
+    start(
+        NETPOL_AGENT,
+        [
+            str(kube_router_binary()),
+            f"--kubeconfig={KUBECONFIG}",  # admin's: a test fixture; it reads nodes, pods, namespaces, policies
+            f"--hostname-override={NODE_NAME}",
+            "--run-firewall=true",
+            "--run-router=false",
+            "--run-service-proxy=false",
+            "--enable-cni=false",
+            "--health-port=0",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            "--v=1",
+        ],
+    )
+    wait_for("kube-router's first NetworkPolicy sync", netpol_synced, 60, NETPOL_AGENT, interval=0.5)
 
 
 def _up(skip_docker_images: bool) -> None:
-    if healthy():
+    if healthy([c for c in COMPONENTS if c != NETPOL_AGENT]):
         log("cluster already up and Ready")
+        if not alive(NETPOL_AGENT):  # it died, or the cluster predates it: start it alone
+            install_packages()
+            build_kube_router()
+            block_pod_egress()
+            start_netpol_agent()
         if not skip_docker_images:
             docker_setup_images()  # picks up rebuilt injector/task images
         return
@@ -1063,6 +1167,7 @@ def _up(skip_docker_images: bool) -> None:
     install_packages()
     build()
     build_etcd()
+    build_kube_router()
     bins = bin_dir()
 
     for d in (STATE, RUN, LOGS, PIDS):
@@ -1196,6 +1301,7 @@ def _up(skip_docker_images: bool) -> None:
         "kube-controller-manager",
         interval=0.5,
     )
+    start_netpol_agent()  # it reads the node's address from the API, so after the node registered
     for name in COMPONENTS:
         if not alive(name):
             raise ClusterError(f"{name} exited", name)
@@ -1344,6 +1450,31 @@ def cleanup_iptables(snap: dict) -> None:  # type: ignore[type-arg]
                 run([tool, "-w", "5", "-t", table, "-X", c], check=False)
 
 
+def flush_netpol_agent(snap: dict) -> None:  # type: ignore[type-arg]
+    """Remove kube-router's filter chains, the rules jumping to them and its ipsets; keep what predates `up`.
+
+    Its chains REJECT what policy denies, so they must go with the agent, also when `up` left no snapshot.
+    """
+    before = set(snap.get("chains", {}).get("iptables", {}).get("filter", []))
+    lines = run(["iptables-save", "-t", "filter"], check=False, quiet=True).stdout.decode(errors="replace").splitlines()
+    chains = {ln[1:].split()[0] for ln in lines if ln.startswith(":")}
+    ours = {c for c in chains - before if c.startswith(NETPOL_CHAIN_PREFIXES)}
+    for ln in lines:
+        if ln.startswith("-A "):
+            args = shlex.split(ln)
+            chain, spec = args[1], args[2:]
+            if chain not in ours and "-j" in spec and spec[spec.index("-j") + 1] in ours:
+                run(["iptables", "-w", "5", "-t", "filter", "-D", chain, *spec], check=False)
+    for flag in ("-F", "-X"):
+        for c in ours:
+            run(["iptables", "-w", "5", "-t", "filter", flag, c], check=False)
+    kept = set(snap.get("ipsets", []))
+    prefixes = (*NETPOL_IPSET_PREFIXES, "TMP-") if "ipsets" in snap else NETPOL_IPSET_PREFIXES
+    for name in ipset_names():
+        if name.startswith(prefixes) and name not in kept:
+            run(["ipset", "destroy", name], check=False)
+
+
 def down(keep_logs: str | None = None) -> None:
     """Tear the cluster down completely; optionally copy the component logs out first."""
     with locked(CLUSTER_LOCK):
@@ -1397,6 +1528,7 @@ def _down(keep_logs: str | None = None) -> None:
         if existed.get(str(p)) is False:
             with contextlib.suppress(OSError):
                 p.rmdir()  # only if empty: never remove what someone else put there meanwhile
+    flush_netpol_agent(snap)
     cleanup_iptables(snap)
     for key, value in snap.get("sysctls", {}).items():
         with contextlib.suppress(OSError):
@@ -1416,9 +1548,9 @@ def _down(keep_logs: str | None = None) -> None:
 # --------------------------------------------------------------------------- status / env
 
 
-def healthy() -> bool:
+def healthy(components: list[str] = COMPONENTS) -> bool:
     """Every component runs, the apiserver is ready and the node is Ready."""
-    if not all(alive(c) for c in COMPONENTS):
+    if not all(alive(c) for c in components):
         return False
     try:
         return apiserver_ready() and node_ready()
@@ -1459,7 +1591,7 @@ def main(argv: list[str] | None = None) -> int:
     p_down.add_argument("--keep-logs", metavar="DIR", help="copy the component logs to DIR before removing them")
     sub.add_parser("status", help="component and node state (exit 1 unless healthy)")
     sub.add_parser("env", help="shell exports for KUBECONFIG and kubectl")
-    p_build = sub.add_parser("build", help="only build the Kubernetes and etcd binaries into the cache")
+    p_build = sub.add_parser("build", help="only build the Kubernetes, etcd and kube-router binaries into the cache")
     p_build.add_argument("--force", action="store_true")
     args = ap.parse_args(argv)
     if args.cmd in ("up", "down", "build") and os.geteuid() != 0:
@@ -1478,6 +1610,7 @@ def main(argv: list[str] | None = None) -> int:
             install_packages()
             build(args.force)
             build_etcd()
+            build_kube_router()
     except ClusterError as e:
         print(f"devcluster {args.cmd} FAILED: {e}", file=sys.stderr)
         if e.component:
