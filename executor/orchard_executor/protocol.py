@@ -28,7 +28,7 @@ Endpoints, all under ``/v1`` except ``/healthz``::
     GET    /v1/files/list?path=              -> FileList
     POST   /v1/files/mkdir                   MkdirRequest -> FileStat
     POST   /v1/files/remove                  RemoveRequest -> Empty
-    PUT    /v1/files/tar?path=               tar body -> FileStat of the directory
+    PUT    /v1/files/tar?path=&max_bytes=&max_members=  plain tar body -> FileStat (all or nothing)
     GET    /v1/files/tar?path=               -> frames of ByteFrame (a plain tar)
 
 Errors come back with a 4xx/5xx status and an ``Error`` body; ``code`` is one
