@@ -22,6 +22,8 @@ from . import reaper
 from .app import STATE, Settings, clean_environ, create_app
 
 PARENT_GONE = "parent went away"
+#: Seconds an idle connection is kept open.
+KEEPALIVE_TIMEOUT = 15.0
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -86,12 +88,20 @@ async def serve(args: argparse.Namespace) -> str:
         idle_timeout=args.idle_timeout,
         env=clean_environ(_initial_environ()),
     )
-    # As a container's PID 1, the executor inherits every orphan: reap them.
-    init_reaper = reaper.start_if_init(asyncio.get_running_loop())
+    # Orphaned descendants come to the executor (PID 1, or a subreaper): reap them.
+    init_reaper = reaper.start(asyncio.get_running_loop())
     app = create_app(settings)
     state = app[STATE]
     # A client that disconnects cancels its handler, which kills the command it was running.
-    runner = web.AppRunner(app, handle_signals=False, access_log=None, handler_cancellation=True)
+    runner = web.AppRunner(
+        app,
+        handle_signals=False,
+        access_log=None,
+        handler_cancellation=True,
+        # An idle connection (or one that never completes its headers) is closed after this.
+        keepalive_timeout=KEEPALIVE_TIMEOUT,
+        shutdown_timeout=5.0,
+    )
     await runner.setup()
     sock = socket.create_server((args.host, args.port))
     site = web.SockSite(runner, sock)
@@ -113,6 +123,8 @@ async def serve(args: argparse.Namespace) -> str:
     finally:
         for task in watchers:
             task.cancel()
+        # Commands first: requests waiting on them then end at once, and nothing outlives the executor.
+        reaper.kill_descendants()
         await runner.cleanup()
         if init_reaper is not None:
             init_reaper.stop()
@@ -134,6 +146,7 @@ def main(argv: list[str] | None = None) -> None:
         reason = asyncio.run(serve(args))
         print(f"orchard-executor: stopped: {reason}", file=sys.stderr)
     finally:
+        reaper.kill_descendants()
         # Nobody is left to clean up after an orphan but the orphan itself.
         if args.orphan_dir and (reason == PARENT_GONE or os.getppid() != parent):
             shutil.rmtree(args.orphan_dir, ignore_errors=True)

@@ -1,4 +1,13 @@
-"""Reaping orphans when the executor is a container's PID 1.
+"""Orphans: reaping them as PID 1 or a subreaper, and killing every descendant at shutdown.
+
+At start the executor makes itself a child subreaper (``become_subreaper``),
+so a command's daemonized grandchildren (``cmd &``, ``setsid``, a double
+fork) stay its descendants instead of escaping to init, and
+``kill_descendants`` kills them all, whatever their process group, when
+it stops (stop, SIGTERM, stdin EOF, idle). A SIGKILLed executor runs no
+cleanup: then the container (docker, kubernetes: the executor is its PID 1)
+or bubblewrap's pid namespace (``--die-with-parent``) takes them down; with
+local ``isolation="none"`` nothing does.
 
 A process whose parent exits is reparented to PID 1, and only PID 1 can wait
 for it: in a container without an init, that is the executor, and without a
@@ -21,12 +30,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import signal
 
-from .runner import TRACKED, parents
+import signal
+import time
+
+from .runner import TRACKED, descendants, parents
 
 #: Seconds between sweeps when no SIGCHLD arrives.
 SWEEP_INTERVAL = 5.0
+PR_SET_CHILD_SUBREAPER = 36
 
 
 def children(pid: int) -> set[int]:
@@ -82,10 +94,61 @@ class Reaper:
             self._loop.remove_signal_handler(signal.SIGCHLD)
 
 
-def start_if_init(loop: asyncio.AbstractEventLoop) -> Reaper | None:
-    """Start a reaper if this process is PID 1 (a container's init); otherwise do nothing."""
-    if os.getpid() != 1:
+def become_subreaper() -> bool:
+    """Make orphaned descendants (``cmd &``, setsid, double forks) our children, not init's.
+
+    So that they can all be found and killed at shutdown. PID 1 already is
+    one; elsewhere it takes prctl through ctypes (Linux), which the docker
+    runtime bundle leaves out, where the executor is PID 1 anyway.
+    """
+    if os.getpid() == 1:
+        return True
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return bool(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
+    except (ImportError, OSError, AttributeError):
+        return False
+
+
+def start(loop: asyncio.AbstractEventLoop) -> Reaper | None:
+    """Start a reaper if orphans come to this process (PID 1, or a subreaper); otherwise do nothing."""
+    if not become_subreaper():
         return None
     reaper = Reaper(loop)
     reaper.start()
     return reaper
+
+
+def kill_descendants(deadline: float = 5.0) -> int:
+    """SIGKILL every descendant, whatever its process group or session, and reap them.
+
+    Repeated until none is left, since one may fork between the listing and
+    its kill (its child then comes to us, a subreaper, and is found next
+    round). Returns how many kills were sent.
+    """
+    me = os.getpid()
+    killed = 0
+    end = time.monotonic() + deadline
+    while (strays := descendants(me)) and time.monotonic() < end:
+        for pid in strays:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+                killed += 1
+        _reap_all()
+        time.sleep(0.005)
+    _reap_all()
+    return killed
+
+
+def _reap_all() -> None:
+    """Reap every child that has exited (at shutdown, tracked ones included)."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        TRACKED.discard(pid)

@@ -28,26 +28,41 @@ TRACKED: set[int] = set()
 
 
 class OutputBuffer:
-    """Captures a stream, keeping its first and last ``cap // 2`` bytes."""
+    """Captures a stream, keeping its first ``cap - cap // 2`` and last ``cap // 2`` bytes.
+
+    The tail is a ring allocated once at its exact size, so memory stays at
+    ``cap`` whatever the command prints.
+    """
 
     def __init__(self, cap: int) -> None:
         self._head_cap = cap - cap // 2
         self._tail_cap = cap // 2
         self._head = bytearray()
-        self._tail = bytearray()
+        self._ring: bytearray | None = None
+        #: Where the next tail byte goes in the ring, and how many it holds.
+        self._pos = 0
+        self._held = 0
         self.total = 0
 
     def feed(self, data: bytes) -> None:
-        """Add a chunk; memory stays within about twice the cap."""
+        """Add a chunk."""
         self.total += len(data)
+        view = memoryview(data)
         room = self._head_cap - len(self._head)
         if room > 0:
-            self._head += data[:room]
-            data = data[room:]
-        if data and self._tail_cap:
-            self._tail += data
-            if len(self._tail) > 2 * self._tail_cap:
-                del self._tail[: len(self._tail) - self._tail_cap]
+            self._head += view[:room]
+            view = view[room:]
+        if not view or not self._tail_cap:
+            return
+        if self._ring is None:
+            self._ring = bytearray(self._tail_cap)
+        view = view[-self._tail_cap :]
+        n = len(view)
+        first = min(n, self._tail_cap - self._pos)
+        self._ring[self._pos : self._pos + first] = view[:first]
+        self._ring[: n - first] = view[first:]
+        self._pos = (self._pos + n) % self._tail_cap
+        self._held = min(self._held + n, self._tail_cap)
 
     @property
     def truncated(self) -> bool:
@@ -56,9 +71,11 @@ class OutputBuffer:
 
     def getvalue(self) -> bytes:
         """The kept bytes: the head, then the tail."""
-        if len(self._tail) > self._tail_cap:
-            del self._tail[: len(self._tail) - self._tail_cap]
-        return bytes(self._head + self._tail)
+        if self._ring is None:
+            return bytes(self._head)
+        if self._held < self._tail_cap:
+            return bytes(self._head) + self._ring[: self._held]
+        return bytes(self._head) + self._ring[self._pos :] + self._ring[: self._pos]
 
 
 def parents() -> dict[int, int]:
@@ -171,7 +188,11 @@ class Child:
     def _reap(self) -> None:
         self._loop.remove_reader(self._pidfd)
         os.close(self._pidfd)
-        self._set(os.waitpid(self.pid, 0)[1])
+        try:
+            status = os.waitpid(self.pid, 0)[1]
+        except ChildProcessError:  # reaped at shutdown by kill_descendants
+            status = signal.SIGKILL
+        self._set(status)
 
     def _set(self, status: int) -> None:
         self.returncode = self._popen.returncode = os.waitstatus_to_exitcode(status)
