@@ -1141,7 +1141,7 @@ def start_netpol_agent() -> None:
             "--enable-cni=false",
             "--health-port=0",
             f"--service-cluster-ip-range={SERVICE_CIDR}",
-            "--v=1",
+            "--v=0",  # at 1 it logs a dozen lines per sync, and it syncs on every pod change
         ],
     )
     wait_for("kube-router's first NetworkPolicy sync", netpol_synced, 60, NETPOL_AGENT, interval=0.5)
