@@ -30,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-
 import signal
 import time
 
