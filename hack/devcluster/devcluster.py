@@ -461,7 +461,7 @@ def kube_router_binary() -> Path:
 
 
 def build_kube_router() -> None:
-    """Build the pinned kube-router from the Go module proxy into the cache unless already there (~3 min)."""
+    """Build the pinned kube-router from the Go module proxy into the cache unless already there (~5 min cold)."""
     out = kube_router_binary()
     if out.exists():
         return
