@@ -468,6 +468,10 @@ class ExecutorClient:
 
     async def _probe(self) -> OrchardError | None:
         """None if ``/healthz`` answers within ``liveness_timeout``, else why the sandbox is gone or stuck."""
+        if self._session.closed:
+            return SandboxClosed(
+                f"sandbox {self._sandbox_id}: its HTTP session was closed", sandbox_id=self._sandbox_id
+            )
         try:
             async with asyncio.timeout(self._liveness_timeout):
                 # Retried within the deadline: one refused connection (a port-forward's, say) proves nothing.
@@ -476,7 +480,7 @@ class ExecutorClient:
                         async with self._session.get(self._base + "/healthz") as resp:
                             resp.close()  # any answer shows the executor's loop is running
                             return None
-        except (TimeoutError, *_retry.TRANSIENT):
+        except (TimeoutError, aiohttp.ClientError):
             pass
         found = await self._diagnose()
         if found is not None:
