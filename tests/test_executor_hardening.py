@@ -8,8 +8,14 @@ daemons that outlive their sandbox, inputs the OS cannot take.
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import os
+import resource
+import secrets
 import signal
+import socket
+import subprocess
 import sys
 import tracemalloc
 from pathlib import Path
@@ -21,7 +27,16 @@ import pytest
 
 import orchard
 from orchard.errors import ExecutorError, InvalidRequest, SandboxLost, SandboxTimeout
-from orchard_executor.protocol import FRAME_HEADER, JSON, MSGPACK, Error, ProcessStatus, decode, encode
+from orchard_executor.protocol import (
+    FRAME_HEADER,
+    JSON,
+    MSGPACK,
+    Error,
+    ExecRequest,
+    ExecResult,
+    decode,
+    encode,
+)
 from orchard_executor.runner import OutputBuffer
 from support import eventually, host_pid_alive, read_pid
 
@@ -339,3 +354,60 @@ def test_the_output_ring_holds_exactly_its_cap() -> None:
     assert len(value) == cap
     assert value[-len(chunk) :] == chunk
     assert peak < cap + 4 * len(chunk), peak
+
+
+# The fd-exhaustion flood: a real executor process at 64 file descriptors.
+
+
+def clock_ticks(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])  # utime + stime
+
+
+async def test_an_idle_connection_flood_at_the_fd_limit(tmp_path: Path) -> None:
+    token = secrets.token_hex(16)
+    ready_r, ready_w = os.pipe()
+    log_path = tmp_path / "executor.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "orchard_executor", "--host=127.0.0.1", "--port=0", f"--workdir={tmp_path}"]
+            + [f"--token-sha256={hashlib.sha256(token.encode()).hexdigest()}", f"--ready-fd={ready_w}"],
+            pass_fds=(ready_w,),
+            stdin=subprocess.DEVNULL,
+            stderr=log,
+            preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64)),
+        )
+    os.close(ready_w)
+    idle: list[socket.socket] = []
+    try:
+        with os.fdopen(ready_r, "rb") as ready:
+            line = await asyncio.wait_for(asyncio.to_thread(ready.readline), 30)
+        port = json.loads(line)["port"]
+        for _ in range(300):  # unauthenticated, never sending a byte, held open
+            s = socket.socket()
+            s.setblocking(False)
+            s.connect_ex(("127.0.0.1", port))
+            idle.append(s)
+        await asyncio.sleep(1)
+        before = clock_ticks(proc.pid)
+        headers = {"Authorization": f"Bearer {token}", "Content-Type": MSGPACK}
+        timeout = aiohttp.ClientTimeout(total=60)
+        async with aiohttp.ClientSession(timeout=timeout) as http:
+            for _ in range(3):
+                body = encode(ExecRequest(cmd=["echo", "ok"]))
+                async with http.post(f"http://127.0.0.1:{port}/v1/exec", data=body, headers=headers) as resp:
+                    assert resp.status == 200
+                    assert decode(await resp.read(), ExecResult).stdout == "ok\n"
+            await asyncio.sleep(3)
+            async with http.get(f"http://127.0.0.1:{port}/healthz") as resp:
+                assert resp.status == 200
+        spent = (clock_ticks(proc.pid) - before) / os.sysconf("SC_CLK_TCK")
+        assert proc.poll() is None
+    finally:
+        for s in idle:
+            s.close()
+        proc.terminate()
+        proc.wait(30)
+    assert log_path.stat().st_size < 64 * 1024, log_path.read_bytes()[:2000]
+    assert spent < 3.0, f"the executor was busy for {spent:.2f}s of CPU while flooded"

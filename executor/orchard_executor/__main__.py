@@ -10,7 +10,9 @@ sys.modules.setdefault("ssl", None)  # type: ignore[arg-type]
 import argparse
 import asyncio
 import json
+import logging
 import os
+import resource
 import shutil
 import signal
 import socket
@@ -18,12 +20,60 @@ from collections.abc import Callable
 
 from aiohttp import web
 
-from . import reaper
+from . import listener, reaper
 from .app import STATE, Settings, clean_environ, create_app
 
 PARENT_GONE = "parent went away"
 #: Seconds an idle connection is kept open.
 KEEPALIVE_TIMEOUT = 15.0
+#: Log records kept per logger and message in ``LOG_WINDOW`` seconds, and bytes of log in all.
+LOG_BURST = 10
+LOG_WINDOW = 60.0
+LOG_BUDGET = 4 * 1024 * 1024
+
+
+class _LogLimit(logging.Filter):
+    """Rate-limits each kind of record and caps the executor's total log, whatever a peer provokes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._seen: dict[tuple[str, str], list[float]] = {}
+        self._written = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        now = record.created
+        key = (record.name, str(record.msg)[:200])
+        times = [t for t in self._seen.get(key, []) if now - t < LOG_WINDOW]
+        if len(times) >= LOG_BURST or self._written > LOG_BUDGET:
+            self._seen[key] = times
+            return False
+        if len(self._seen) > 1000:
+            self._seen.clear()
+        self._seen[key] = [*times, now]
+        self._written += len(str(record.msg)) + (2000 if record.exc_info else 200)
+        if self._written > LOG_BUDGET:
+            record.msg, record.args, record.exc_info = "log budget spent: no more records", None, None
+        return True
+
+
+def _setup_logging() -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.addFilter(_LogLimit())
+    handler.setFormatter(logging.Formatter("orchard-executor: %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.WARNING, handlers=[handler], force=True)
+
+
+def raise_fd_limit() -> int:
+    """Raise the soft RLIMIT_NOFILE to the hard limit; returns the soft limit now in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+    if target > soft:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass
+    return soft
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -103,9 +153,11 @@ async def serve(args: argparse.Namespace) -> str:
         shutdown_timeout=5.0,
     )
     await runner.setup()
-    sock = socket.create_server((args.host, args.port))
-    site = web.SockSite(runner, sock)
-    await site.start()
+    assert runner.server is not None
+    sock = socket.create_server((args.host, args.port), backlog=1024)
+    # Our own accept loop: a connection cap, and no error logged per accept at the fd limit.
+    accepting = listener.Listener(sock, runner.server, listener.connection_cap(raise_fd_limit()))
+    accepting.start()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, state.stop, signal.Signals(sig).name)
@@ -124,6 +176,7 @@ async def serve(args: argparse.Namespace) -> str:
         for task in watchers:
             task.cancel()
         # Commands first: requests waiting on them then end at once, and nothing outlives the executor.
+        accepting.close()
         reaper.kill_descendants()
         await runner.cleanup()
         if init_reaper is not None:
@@ -140,6 +193,7 @@ async def _stop_when(event: asyncio.Event, stop: Callable[[str], None], reason: 
 def main(argv: list[str] | None = None) -> None:
     """Entry point."""
     args = _parse(argv)
+    _setup_logging()
     parent = os.getppid()
     reason = ""
     try:
