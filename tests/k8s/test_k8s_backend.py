@@ -348,7 +348,7 @@ async def test_k8s_setup_writes_the_role_and_network_policies(
     cfg = config(kubeconfig, k8s_namespace)
     for _ in range(2):  # a second run replaces what the first wrote
         written = await setup(cfg, service_account="trainer")
-    assert [o["kind"] for o in written] == ["Role", "RoleBinding", "NetworkPolicy", "NetworkPolicy"]
+    assert [o["kind"] for o in written] == ["Namespace", "Role", "RoleBinding", "NetworkPolicy", "NetworkPolicy"]
     role = await k8s.RbacAuthorizationV1Api(k8s_api).read_namespaced_role("orchard-client", k8s_namespace)
     resources = {r for rule in role.rules for r in rule.resources}
     assert resources == {"pods", "pods/portforward", "leases"}

@@ -261,10 +261,23 @@ class KubernetesBackend:
                 log.warning("renewing the session lease failed: %r", exc)
 
     async def _call(self, verb: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        """One API call, retried when transient; the raw response, or ApiException for a non-2xx status."""
+        from kubernetes_asyncio.client.exceptions import ApiException
+
         async for attempt in _api_retry():
             with attempt:
                 self.api_requests[verb] += 1
-                return await fn(*args, _preload_content=False, **kwargs)
+                resp = await fn(*args, _preload_content=False, **kwargs)
+                # Without preloading, the library returns error responses as they are: a refused
+                # create (403 from admission, 422) would pass for a success and the start would
+                # wait out its whole timeout for a pod that does not exist.
+                if not 200 <= resp.status <= 299:
+                    async with resp:
+                        exc = ApiException(status=resp.status, reason=resp.reason)
+                        exc.body = (await resp.read()).decode(errors="replace")
+                        exc.headers = resp.headers
+                    raise exc
+                return resp
         raise AssertionError("unreachable")
 
     async def _watch(self) -> None:
@@ -428,8 +441,13 @@ class KubernetesBackend:
             )
         if not done:
             stage = "scheduled" if "scheduled" not in tracked.timings else "running"
+            # A runtime without user namespaces fails only in the kubelet's events, retried forever.
+            hint = (
+                " (user_namespaces=True: does the node's runtime support them?)" if self.config.user_namespaces else ""
+            )
             raise SandboxTimeout(
-                f"sandbox {tracked.name} was not {stage} within start_timeout={timeout:g}s", sandbox_id=tracked.name
+                f"sandbox {tracked.name} was not {stage} within start_timeout={timeout:g}s{hint}",
+                sandbox_id=tracked.name,
             )
         return tracked.running.result()
 
@@ -576,16 +594,34 @@ async def _discover(api: Any) -> tuple[list[str], list[str], dict[str, str] | No
     ranges: list[str] = []
     missing: list[str] = []
     try:
-        endpoints = await core.read_namespaced_endpoints("kubernetes", "default")
-        api_server += [a.ip for subset in endpoints.subsets or [] for a in subset.addresses or []]
         service = await core.read_namespaced_service("kubernetes", "default")
         api_server += [ip for ip in service.spec.cluster_ips or [] if ip != "None"]
+        slices = await client.DiscoveryV1Api(api).list_namespaced_endpoint_slice(
+            "default", label_selector="kubernetes.io/service-name=kubernetes"
+        )
+        api_server += [a for s in slices.items for e in s.endpoints or [] for a in e.addresses or []]
     except ApiException as exc:
         missing.append(f"the API server's addresses ({exc.status} {exc.reason})")
     try:
-        for node in (await core.list_node()).items:
-            ranges += node.spec.pod_cidrs or ([node.spec.pod_cidr] if node.spec.pod_cidr else [])
+        pod_ranges = []
+        nodes = (await core.list_node()).items
+        for node in nodes:
+            pod_ranges += node.spec.pod_cidrs or ([node.spec.pod_cidr] if node.spec.pod_cidr else [])
             ranges += [a.address for a in node.status.addresses or [] if a.type in ("InternalIP", "ExternalIP")]
+        userns = [
+            n.metadata.name
+            for n in nodes
+            if any(h.features and h.features.user_namespaces for h in n.status.runtime_handlers or [])
+        ]
+        if len(userns) < len(nodes):
+            log.warning(
+                "orchard k8s setup: %d of %d nodes report user namespace support (KubernetesConfig.user_namespaces)",
+                len(userns),
+                len(nodes),
+            )
+        if not pod_ranges:  # the network plugin allocates pod addresses itself
+            missing.append("the pod range (no node has a podCIDR)")
+        ranges += pod_ranges
     except ApiException as exc:
         missing.append(f"the nodes' pod ranges and addresses ({exc.status} {exc.reason})")
     try:
@@ -651,7 +687,7 @@ async def setup(
         await backend._load()
         api_server, discovered, dns, missing = await _discover(backend._api)
         for what in missing:
-            log.warning("orchard k8s setup: cannot read %s; pass the ranges to exclude in cluster_cidrs", what)
+            log.warning("orchard k8s setup: cannot find %s; pass the ranges to exclude in cluster_cidrs", what)
     try:
         excepts = egress_exceptions(
             api_server=api_server,
