@@ -9,7 +9,9 @@ directories) live in their own modules and use ``local_client``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -43,10 +45,22 @@ def local_root(tmp_path: Path) -> Path:
     return tmp_path / "sandboxes"
 
 
+@contextlib.contextmanager
+def unisolated_ok() -> Iterator[None]:
+    """Where a test chose ``isolation="none"`` on purpose: its warning is expected."""
+    from orchard._backends.local import UnisolatedWarning
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UnisolatedWarning)
+        yield
+
+
 @pytest.fixture
 async def local_client(local_root: Path) -> AsyncIterator[orchard.Client]:
-    """A Client on the local backend, its sandboxes under ``local_root``."""
-    async with orchard.Client(orchard.LocalConfig(root=str(local_root), isolation="none")) as client:
+    """A Client on the local backend (unisolated), its sandboxes under ``local_root``."""
+    with unisolated_ok():
+        client = await orchard.Client(orchard.LocalConfig(root=str(local_root), isolation="none")).__aenter__()
+    async with client:
         yield client
 
 
@@ -59,7 +73,9 @@ async def client(request: pytest.FixtureRequest, local_root: Path) -> AsyncItera
         config = orchard.LocalConfig(root=str(local_root), isolation="bwrap")
     else:
         raise NotImplementedError(f"no client fixture for backend {request.param!r}")
-    async with orchard.Client(config) as client:
+    with unisolated_ok():
+        client = await orchard.Client(config).__aenter__()
+    async with client:
         yield client
 
 

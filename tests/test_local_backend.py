@@ -19,7 +19,11 @@ import orchard
 from orchard import errors
 from support import WAIT, agen, eventually, host_pid_alive, pattern_chunks, proc_stat, read_pid
 
-pytestmark = pytest.mark.executor
+pytestmark = [
+    pytest.mark.executor,
+    # These tests look at host pids and directories, so they run unisolated on purpose.
+    pytest.mark.filterwarnings("ignore::orchard._backends.local.UnisolatedWarning"),
+]
 
 MB = 1000 * 1000
 

@@ -80,6 +80,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="orchard-executor", description=__doc__)
     p.add_argument("--host", default="0.0.0.0", help="address to listen on")
     p.add_argument("--port", type=int, default=8750, help="port to listen on (0: any free port)")
+    p.add_argument("--unix", default=None, metavar="PATH", help="listen on a unix socket at PATH instead of TCP")
     p.add_argument(
         "--token-sha256",
         default=os.environ.get("ORCHARD_EXECUTOR_TOKEN_SHA256"),
@@ -154,7 +155,12 @@ async def serve(args: argparse.Namespace) -> str:
     )
     await runner.setup()
     assert runner.server is not None
-    sock = socket.create_server((args.host, args.port), backlog=1024)
+    if args.unix:
+        sock = socket.socket(socket.AF_UNIX)
+        sock.bind(args.unix)
+        sock.listen(1024)
+    else:
+        sock = socket.create_server((args.host, args.port), backlog=1024)
     # Our own accept loop: a connection cap, and no error logged per accept at the fd limit.
     accepting = listener.Listener(sock, runner.server, listener.connection_cap(raise_fd_limit()))
     accepting.start()
@@ -167,7 +173,7 @@ async def serve(args: argparse.Namespace) -> str:
         watchers.append(asyncio.create_task(_watch_stdin(stdin_closed)))
         watchers.append(asyncio.create_task(_stop_when(stdin_closed, state.stop, PARENT_GONE)))
     if args.ready_fd is not None:
-        port = sock.getsockname()[1]
+        port = 0 if args.unix else sock.getsockname()[1]
         os.write(args.ready_fd, json.dumps({"port": port, "pid": os.getpid()}).encode() + b"\n")
         os.close(args.ready_fd)
     try:

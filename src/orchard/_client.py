@@ -119,7 +119,8 @@ class Client:
             raise SandboxClosed("this Client was closed while the sandbox started", sandbox_id=sandbox_id)
         timings = {"queued": waited} | {k: v + waited for k, v in instance.timings.items()}
         rpc = ExecutorClient(
-            http,
+            # A backend may give a sandbox its own session (the local backend's unix sockets).
+            getattr(instance, "http", None) or http,
             instance.base_url,
             token,
             sandbox_id=sandbox_id,

@@ -6,11 +6,13 @@ import asyncio
 import statistics
 import sys
 import time
+import warnings
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
 from typing import Any, TextIO, TypeVar
 
 from ._backends import BackendConfig
+from ._backends.local import UnisolatedWarning, bwrap_available
 from ._client import Client
 from ._sandbox import Sandbox
 
@@ -155,6 +157,18 @@ def summary(rec: Recorder, wall: float) -> str:
     return "\n".join(rows)
 
 
+def _local_isolation(out: TextIO) -> str:
+    """Bubblewrap where it works; otherwise run unisolated, and say so (the demo's code is trusted)."""
+    if bwrap_available():
+        return "bwrap"
+    print(
+        "orchard demo: NOTICE: bubblewrap is not available here, so these sandboxes run UNISOLATED on the host "
+        "(fine for the demo's own code; install bubblewrap before running untrusted code)",
+        file=out,
+    )
+    return "none"
+
+
 async def run_demo(
     sandboxes: int = 32,
     *,
@@ -166,8 +180,16 @@ async def run_demo(
     """Run the demo and print its progress and summary; returns the recorder."""
     rec = Recorder(sandboxes, out)
     print(f"orchard demo: {sandboxes} sandboxes on the {backend!s} backend, in parallel", file=out)
+    chosen = backend == "local" and "isolation" not in backend_options
+    if chosen:
+        backend_options["isolation"] = _local_isolation(out)
     t0 = time.perf_counter()
-    async with Client(backend, **backend_options) as client:
+    with warnings.catch_warnings():
+        # The notice above already said it, where the demo chose "none" itself.
+        if chosen:
+            warnings.simplefilter("ignore", UnisolatedWarning)
+        client = await Client(backend, **backend_options).__aenter__()
+    async with client:
 
         async def one() -> None:
             try:

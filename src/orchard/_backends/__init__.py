@@ -18,10 +18,14 @@ class LocalConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fiel
     root: str | None = None
     #: Python interpreter that runs the executors (default: this one).
     python: str | None = None
-    #: "bwrap": run each sandbox under bubblewrap (read-only host, private /tmp,
-    #: its own user, pid, ipc and uts namespaces); "none": plain child processes;
-    #: "auto": bwrap when it is installed and works.
+    #: "bwrap": each sandbox under bubblewrap (a root from an allowlist of system
+    #: directories, its own pid, mount, ipc, uts and network namespaces with loopback
+    #: only, an unprivileged uid); "none": plain child processes on the host,
+    #: unisolated (warns); "auto": "bwrap", or a ConfigError where it does not work.
     isolation: Literal["auto", "bwrap", "none"] = "auto"
+    #: The uid (and gid) isolated sandboxes run as when the client runs as root;
+    #: a non-root client's sandboxes run as that user, in a user namespace.
+    uid: int = 65534
 
 
 class KubernetesConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True, tag="kubernetes"):

@@ -1,13 +1,19 @@
 """The ``local`` backend: an executor child process per sandbox, on this machine.
 
-The "image" is recorded but not used: commands run on the host, as the user
-running the client, in a private directory that is deleted with the sandbox.
-This is a development and CI backend, not an isolation boundary.
+The "image" is recorded but not used: commands run on this machine's system,
+in a private directory that is deleted with the sandbox. With bubblewrap
+(``isolation="bwrap"``, or ``"auto"`` where it works) each sandbox gets a root
+built from an allowlist (the system's /usr and libraries, a minimal /etc),
+its own pid, mount, ipc, uts and network namespaces (loopback only), an
+unprivileged uid, and an executor that listens on a unix socket only its
+client can reach. ``isolation="none"`` runs commands on the host, unisolated,
+and says so with an ``UnisolatedWarning``.
 
 Nothing leaks: deleting the sandbox kills the executor and every process it
 started; the executor also exits (and deletes the directory) when the client
-process dies, because it watches the pipe the client holds on its stdin, and
-deletes the directory then.
+process dies, because it watches the pipe the client holds on its stdin.
+Under bubblewrap the sandbox is a pid namespace that dies with the executor
+or with bwrap (``--die-with-parent``).
 """
 
 from __future__ import annotations
@@ -17,10 +23,12 @@ import contextlib
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
 import time
+import warnings
 
 import aiohttp
 import msgspec
@@ -32,6 +40,42 @@ from ..errors import ConfigError, OrchardError, SandboxLost, SandboxStartError, 
 from . import LocalConfig
 
 _LAUNCH = "import sys; sys.path[:0] = {paths!r}; from orchard_executor.__main__ import main; main()"
+
+#: Where the executor's socket directory appears inside an isolated sandbox.
+_SOCKET_DIR = "/.orchard"
+_SOCKET = "executor.sock"
+#: How much of the executor's stderr the client keeps, for error messages.
+_TAIL_BYTES = 4000
+#: What /etc holds in an isolated sandbox: what programs need, nothing secret
+#: (passwd, group and hosts are written for the sandbox; no resolv.conf: no network).
+_ETC = (
+    "alternatives",
+    "bash.bashrc",
+    "ca-certificates",
+    "ca-certificates.conf",
+    "debian_version",
+    "inputrc",
+    "ld.so.cache",
+    "ld.so.conf",
+    "ld.so.conf.d",
+    "locale.alias",
+    "localtime",
+    "mime.types",
+    "nsswitch.conf",
+    "os-release",
+    "profile",
+    "protocols",
+    "python3",
+    f"python{sys.version_info[0]}.{sys.version_info[1]}",
+    "services",
+    "ssl/certs",
+    "ssl/openssl.cnf",
+    "timezone",
+)
+
+
+class UnisolatedWarning(UserWarning):
+    """Sandboxes of ``LocalConfig(isolation="none")`` run commands on the host, unisolated."""
 
 
 def _import_paths() -> list[str]:
@@ -48,55 +92,139 @@ def _import_paths() -> list[str]:
     return paths
 
 
-def _tail(path: str, limit: int = 2000) -> str:
-    try:
-        with open(path, "rb") as f:
-            f.seek(max(0, os.fstat(f.fileno()).st_size - limit))
-            return f.read().decode("utf-8", "replace").strip()
-    except OSError:
-        return ""
+def _namespaces(as_root: bool) -> list[str]:
+    """Every namespace unshared; for root, every one but the user namespace.
+
+    Root's sandboxes drop to an unprivileged uid with setpriv instead: in a
+    user namespace mapped to host root, root's files would still be theirs.
+    """
+    if as_root:
+        return ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-net", "--unshare-cgroup-try"]
+    return ["--unshare-all", "--cap-drop", "ALL"]
 
 
-def _bwrap_argv(bwrap: str, directory: str, workdir: str, runtime: list[str]) -> list[str]:
-    """Bubblewrap options: the host read-only, a private /tmp, the sandbox's own directories writable.
+def _under(path: str, parents: list[str]) -> bool:
+    return any(path == p or path.startswith(p.rstrip("/") + "/") for p in parents)
+
+
+def _bwrap_argv(
+    bwrap: str, *, directory: str, workdir: str, runtime: list[str], as_root: bool, data: dict[str, int]
+) -> list[str]:
+    """Bubblewrap options: a root from an allowlist, the sandbox's own directories writable.
 
     ``runtime`` lists what the executor itself needs (the interpreter, its
-    prefix, its import paths); those under /tmp are bound back read-only
-    over the private /tmp, so a virtualenv there still works.
+    prefix, its import paths), bound read-only, each directory alone (never
+    its parents); ``data`` maps files written for the sandbox (passwd,
+    group, hosts) to the fds bwrap reads them from.
     """
-    tmp = tempfile.gettempdir()
-    argv = [bwrap, "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
-    argv += ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", tmp]
-    for path in sorted({p for p in runtime if p == tmp or p.startswith(tmp + os.sep)}):
-        if os.path.exists(path):
+    argv = [bwrap, "--die-with-parent", "--new-session", *_namespaces(as_root), "--hostname", "orchard"]
+    system = ["/usr"]
+    argv += ["--ro-bind", "/usr", "/usr"]
+    # Merged-/usr systems make these symlinks into /usr; older ones real directories.
+    for name in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
+        if os.path.islink(name):
+            argv += ["--symlink", os.readlink(name), name]
+        elif os.path.isdir(name):
+            argv += ["--ro-bind", name, name]
+            system.append(name)
+    argv += ["--dir", "/etc"]
+    for name in _ETC:
+        path = os.path.join("/etc", name)
+        if os.path.islink(path):
+            argv += ["--symlink", os.readlink(path), path]
+        elif os.path.exists(path):
             argv += ["--ro-bind", path, path]
-    argv += ["--bind", directory, directory]
+    for dest, fd in data.items():
+        argv += ["--ro-bind-data", str(fd), dest]
+    argv += ["--dev", "/dev", "--proc", "/proc", "--perms", "1777", "--tmpfs", "/tmp"]
+    made = {"/", "/tmp", "/etc", "/usr"}
+
+    def bind(option: str, source: str, dest: str) -> None:
+        # bwrap would make the missing parents 0700 (root's): make them 0755 so the sandbox uid can pass.
+        parents = []
+        parent = os.path.dirname(dest)
+        while parent not in made:
+            parents.append(parent)
+            made.add(parent)
+            parent = os.path.dirname(parent)
+        for path in reversed(parents):
+            argv.extend(["--dir", path])
+        argv.extend([option, source, dest])
+
+    bound: list[str] = []
+    for path in sorted({os.path.realpath(p) for p in runtime}, key=len):
+        if os.path.isdir(path) and not _under(path, system + bound):
+            bind("--ro-bind", path, path)
+            bound.append(path)
+    for path in sorted(set(runtime)):
+        real = os.path.realpath(path)
+        if path != real and os.path.isdir(real) and not _under(path, system + bound):
+            bind("--ro-bind", real, path)
+    bind("--bind", directory, directory)
+    bind("--bind", os.path.join(directory, "run"), _SOCKET_DIR)
     if not workdir.startswith(directory + os.sep):
-        argv += ["--bind", workdir, workdir]
-    return [*argv, "--cap-drop", "ALL", "--chdir", workdir, "--"]
+        bind("--bind", workdir, workdir)
+    return [*argv, "--chdir", workdir, "--"]
 
 
-def _find_bwrap(isolation: str) -> str | None:
-    """The bwrap binary to use, None for no isolation, or a ConfigError."""
+def _bwrap_works(bwrap: str, as_root: bool) -> bool:
+    try:
+        probe = [bwrap, *_namespaces(as_root), "--ro-bind", "/", "/", "--proc", "/proc", "--", "true"]
+        return subprocess.run(probe, capture_output=True, check=False, timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def find_isolation(isolation: str) -> tuple[str, str | None] | None:
+    """The bwrap binary (and setpriv, as root) to use, None for no isolation, or a ConfigError.
+
+    ``"auto"`` never degrades silently: without a working bubblewrap it is
+    an error, and ``"none"`` warns that commands run on the host.
+    """
     if isolation == "none":
-        return None
-    bwrap = shutil.which("bwrap")
-    works = bwrap is not None and (
-        subprocess.run(
-            [bwrap, "--unshare-user", "--unshare-pid", "--ro-bind", "/", "/", "--", "true"],
-            capture_output=True,
-            check=False,
-        ).returncode
-        == 0
-    )
-    if works:
-        return bwrap
-    if isolation == "bwrap":
-        raise ConfigError(
-            "isolation='bwrap' but bubblewrap is not installed or cannot create namespaces here; "
-            "install it (apt-get install bubblewrap) or use isolation='none'"
+        warnings.warn(
+            "LocalConfig(isolation='none'): sandbox commands run on the host unisolated, as the user running "
+            "the client (they can read its files, environment and memory); use isolation='bwrap' for hostile code",
+            UnisolatedWarning,
+            stacklevel=4,
         )
-    return None
+        return None
+    as_root = os.getuid() == 0
+    bwrap = shutil.which("bwrap")
+    setpriv = shutil.which("setpriv") if as_root else None
+    if bwrap is None or not _bwrap_works(bwrap, as_root):
+        raise ConfigError(
+            f"isolation={isolation!r} but bubblewrap is not installed or cannot create namespaces here: "
+            "install it (apt-get install bubblewrap), or choose isolation='none' to run sandbox commands "
+            "on the host unisolated"
+        )
+    if as_root:
+        if setpriv is None or not os.path.realpath(setpriv).startswith("/usr/"):
+            raise ConfigError(
+                f"isolation={isolation!r} as root needs util-linux's setpriv in /usr to drop to an unprivileged "
+                "uid (apt-get install util-linux), or choose isolation='none' (unisolated)"
+            )
+        setpriv = os.path.realpath(setpriv)
+    return bwrap, setpriv
+
+
+def bwrap_available() -> bool:
+    """Whether ``isolation="bwrap"`` works on this machine (for callers that choose, like the demo)."""
+    try:
+        return find_isolation("bwrap") is not None
+    except ConfigError:
+        return False
+
+
+def _remove(directory: str) -> None:
+    """Delete a sandbox directory, even where the sandbox took its own write permission away."""
+    shutil.rmtree(directory, ignore_errors=True)
+    if os.path.lexists(directory):
+        for parent, dirs, _ in os.walk(directory):
+            for name in dirs:
+                with contextlib.suppress(OSError):
+                    os.chmod(os.path.join(parent, name), 0o700, follow_symlinks=False)
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 class LocalInstance:
@@ -106,12 +234,49 @@ class LocalInstance:
         self.id = sandbox_id
         self.dir = directory
         self.proc = proc
-        self.log = os.path.join(directory, "executor.log")
         self.base_url = ""
+        #: The HTTP session for this sandbox's unix socket (None: the Client's shared one).
+        self.http: aiohttp.ClientSession | None = None
         self.timings: dict[str, float] = {}
+        self._socket_fd: int | None = None
+        self._stderr = bytearray()
+        # The executor's stderr is a pipe into this process: no log file the sandbox could swap.
+        self._drain = asyncio.create_task(self._read_stderr())
         self._deleted = False
         self._expired = False
         self._ttl = asyncio.get_running_loop().call_later(ttl, self._expire) if ttl else None
+
+    async def _read_stderr(self) -> None:
+        assert self.proc.stderr is not None
+        while chunk := await self.proc.stderr.read(65536):
+            self._stderr += chunk
+            del self._stderr[:-_TAIL_BYTES]
+
+    async def tail(self) -> str:
+        """The end of the executor's stderr (waiting briefly for what a dead executor wrote last)."""
+        if self.proc.returncode is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self._drain), 0.5)
+        return bytes(self._stderr[-2000:]).decode("utf-8", "replace").strip()
+
+    def connect(self, path: str) -> None:
+        """Talk to the executor over the unix socket it made at ``path``, held by inode.
+
+        The sandbox can write the socket's directory; connecting through an
+        O_PATH descriptor means a socket or symlink swapped in later is never
+        followed.
+        """
+        fd = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+        if not stat.S_ISSOCK(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise SandboxStartError(f"sandbox {self.id}: {path} is not a socket", sandbox_id=self.id, reason="socket")
+        self._socket_fd = fd
+        self.http = aiohttp.ClientSession(
+            connector=aiohttp.UnixConnector(path=f"/proc/self/fd/{fd}", limit=0, keepalive_timeout=30),
+            cookie_jar=aiohttp.DummyCookieJar(),
+            auto_decompress=False,
+        )
+        self.base_url = "http://sandbox"
 
     def _expire(self) -> None:
         self._expired = True
@@ -119,7 +284,7 @@ class LocalInstance:
             self.proc.stdin.close()
 
     async def diagnose(self) -> OrchardError | None:
-        """The executor process's fate, with the tail of its log."""
+        """The executor process's fate, with the tail of its stderr."""
         if self._deleted:
             return SandboxLost("the sandbox was deleted", sandbox_id=self.id, reason="deleted")
         with contextlib.suppress(TimeoutError):
@@ -129,7 +294,7 @@ class LocalInstance:
         if code is None and not self._expired:
             return None
         reason = "ttl" if self._expired else f"exited({code})"
-        tail = _tail(self.log)
+        tail = await self.tail()
         return SandboxLost(
             f"sandbox {self.id}: the executor process ended ({reason})" + (f": {tail}" if tail else ""),
             sandbox_id=self.id,
@@ -151,10 +316,17 @@ class LocalInstance:
             try:
                 await asyncio.wait_for(self.proc.wait(), 5)
             except TimeoutError:
+                # Killing bwrap kills its pid namespace (--die-with-parent).
                 with contextlib.suppress(ProcessLookupError):
                     self.proc.kill()
                 await self.proc.wait()
-        await asyncio.to_thread(shutil.rmtree, self.dir, True)
+        self._drain.cancel()
+        if self.http is not None:
+            await self.http.close()
+        if self._socket_fd is not None:
+            os.close(self._socket_fd)
+            self._socket_fd = None
+        await asyncio.to_thread(_remove, self.dir)
 
 
 class LocalBackend:
@@ -170,7 +342,12 @@ class LocalBackend:
         python = os.path.realpath(self._python)
         #: What the executor needs to start: the interpreter, its prefixes and import paths.
         self._runtime = [os.path.dirname(self._python), os.path.dirname(python), sys.prefix, sys.base_prefix, *paths]
-        self._bwrap = _find_bwrap(config.isolation)
+        self._as_root = os.getuid() == 0
+        # As root the sandbox runs as config.uid; otherwise as the user, in a user namespace.
+        self._uid, self._gid = (config.uid, config.uid) if self._as_root else (os.getuid(), os.getgid())
+        found = find_isolation(config.isolation)
+        self._bwrap: str | None = found[0] if found else None
+        self._setpriv: str | None = found[1] if found else None
 
     def _environment(self, spec: SandboxSpec, workdir: str, tmp: str) -> dict[str, str]:
         env = {
@@ -181,38 +358,79 @@ class LocalBackend:
         }
         return env | spec.env
 
+    def _etc_files(self) -> dict[str, bytes]:
+        """passwd, group and hosts naming only what the sandbox has."""
+        users = {0: "root", self._uid: "sandbox"}
+        groups = {0: "root", self._gid: "sandbox"}
+        return {
+            "/etc/passwd": "".join(
+                f"{name}:x:{uid}:{uid if uid == 0 else self._gid}:{name}:/:/bin/sh\n" for uid, name in users.items()
+            ).encode(),
+            "/etc/group": "".join(f"{name}:x:{gid}:\n" for gid, name in groups.items()).encode(),
+            "/etc/hosts": b"127.0.0.1 localhost orchard\n::1 localhost ip6-localhost ip6-loopback\n",
+        }
+
+    def _isolated_argv(self, directory: str, workdir: str, data: dict[str, int]) -> list[str]:
+        assert self._bwrap is not None
+        argv = _bwrap_argv(
+            self._bwrap, directory=directory, workdir=workdir, runtime=self._runtime, as_root=self._as_root, data=data
+        )
+        if self._setpriv is not None:
+            argv += [
+                self._setpriv,
+                f"--reuid={self._uid}",
+                f"--regid={self._gid}",
+                "--clear-groups",
+                "--inh-caps=-all",
+                "--bounding-set=-all",
+                "--no-new-privs",
+                "--",
+            ]
+        return argv
+
     async def start(self, spec: SandboxSpec, *, sandbox_id: str, token_sha256: str) -> LocalInstance:
         """Start an executor process and wait for its ready line."""
         t0 = time.monotonic()
         if spec.workdir and not os.path.isabs(spec.workdir):
             raise ConfigError(f"workdir={spec.workdir!r} must be an absolute path")
+        if spec.network and self._bwrap:
+            raise ConfigError(
+                "network=True is not available on isolated local sandboxes: each has a network namespace with "
+                "loopback only, and no user-mode network (pasta) is wired in; use the docker or kubernetes "
+                "backend, or LocalConfig(isolation='none') to share the host's network unisolated"
+            )
         try:
             os.makedirs(self._root, mode=0o700, exist_ok=True)
             directory = tempfile.mkdtemp(prefix=f"{sandbox_id}-", dir=self._root)
-            work, state, tmp = (os.path.join(directory, d) for d in ("work", "state", "tmp"))
-            for d in (work, state, tmp):
+            subdirs = [os.path.join(directory, d) for d in ("work", "state", "tmp", "run")]
+            for d in subdirs:
                 os.mkdir(d, 0o700)
+            if self._bwrap and self._as_root:
+                for d in (directory, *subdirs):
+                    os.chown(d, self._uid, self._gid)
         except OSError as exc:
             raise SandboxStartError(
                 f"cannot create the sandbox directory under {self._root}: {exc}",
                 sandbox_id=sandbox_id,
                 reason="directory",
             ) from exc
+        work, state, tmp, run = subdirs
         workdir = spec.workdir or work
         try:
+            created = not os.path.exists(workdir)
             os.makedirs(workdir, exist_ok=True)
+            if created and self._bwrap and self._as_root:
+                os.chown(workdir, self._uid, self._gid)
         except OSError as exc:
-            shutil.rmtree(directory, ignore_errors=True)
+            _remove(directory)
             raise ConfigError(f"workdir={spec.workdir!r} cannot be created: {exc}") from exc
         ready_r, ready_w = os.pipe()
-        argv = [
-            *(_bwrap_argv(self._bwrap, directory, workdir, self._runtime) if self._bwrap else []),
+        data: dict[str, int] = {}
+        executor = [
             self._python,
             "-I",
             "-c",
             self._launch,
-            "--host=127.0.0.1",
-            "--port=0",
             f"--token-sha256={token_sha256}",
             f"--workdir={workdir}",
             f"--state-dir={state}",
@@ -220,22 +438,31 @@ class LocalBackend:
             "--exit-with-stdin",
             f"--orphan-dir={directory}",
         ]
+        if self._bwrap:
+            # Small files for bwrap to copy in, through pipes: nothing on disk the sandbox could change.
+            for dest, content in self._etc_files().items():
+                r, w = os.pipe()
+                os.write(w, content)
+                os.close(w)
+                data[dest] = r
+            argv = [*self._isolated_argv(directory, workdir, data), *executor, f"--unix={_SOCKET_DIR}/{_SOCKET}"]
+        else:
+            argv = [*executor, "--host=127.0.0.1", "--port=0"]
         if spec.idle_timeout is not None:
             argv.append(f"--idle-timeout={spec.idle_timeout}")
         try:
-            with open(os.path.join(directory, "executor.log"), "wb") as log:
-                proc = await asyncio.create_subprocess_exec(
-                    *argv,
-                    stdin=asyncio.subprocess.PIPE,
-                    stdout=asyncio.subprocess.DEVNULL,
-                    stderr=log,
-                    cwd=workdir,
-                    env=self._environment(spec, workdir, tmp),
-                    pass_fds=(ready_w,),
-                )
+            proc = await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.DEVNULL,
+                stderr=asyncio.subprocess.PIPE,
+                cwd=workdir,
+                env=self._environment(spec, workdir, tmp),
+                pass_fds=(ready_w, *data.values()),
+            )
         except OSError as exc:
             os.close(ready_r)
-            shutil.rmtree(directory, ignore_errors=True)
+            _remove(directory)
             raise SandboxStartError(
                 f"cannot run the executor with {self._python!r}: {exc}; set LocalConfig(python=...)",
                 sandbox_id=sandbox_id,
@@ -243,10 +470,16 @@ class LocalBackend:
             ) from exc
         finally:
             os.close(ready_w)
+            for fd in data.values():
+                os.close(fd)
         instance = LocalInstance(sandbox_id, directory, proc, spec.ttl)
         instance.timings["spawned"] = time.monotonic() - t0
         try:
             port = await asyncio.wait_for(self._read_ready(ready_r, instance), spec.start_timeout)
+            if self._bwrap:
+                instance.connect(os.path.join(run, _SOCKET))
+            else:
+                instance.base_url = f"http://127.0.0.1:{port}"
         except TimeoutError:
             await instance.delete()
             raise SandboxTimeout(
@@ -256,7 +489,6 @@ class LocalBackend:
         except BaseException:
             await instance.delete()
             raise
-        instance.base_url = f"http://127.0.0.1:{port}"
         instance.timings["executor_ready"] = time.monotonic() - t0
         return instance
 
@@ -275,7 +507,7 @@ class LocalBackend:
             await instance.proc.wait()
             raise SandboxStartError(
                 f"sandbox {instance.id}: the executor exited at start ({instance.proc.returncode}): "
-                + _tail(instance.log),
+                + await instance.tail(),
                 sandbox_id=instance.id,
                 reason="exited",
             )
