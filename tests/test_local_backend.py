@@ -231,6 +231,17 @@ async def test_an_executor_dying_mid_request_raises_sandbox_lost(local_client: o
             await sb.exec(f"kill -9 {pid}; sleep 1")
 
 
+async def test_an_exec_in_flight_when_the_executor_stops_is_lost_not_a_result(local_client: orchard.Client) -> None:
+    # As when a pod is deleted or evicted: SIGTERM to the executor, which kills its commands on the way out.
+    async with local_client.sandbox() as sb:
+        pid = (await sb.info()).pid
+        running = asyncio.create_task(sb.exec(["sleep", "120"]))
+        await asyncio.sleep(0.5)
+        os.kill(pid, signal.SIGTERM)
+        with pytest.raises(errors.SandboxLost):
+            await asyncio.wait_for(running, WAIT)
+
+
 async def test_ttl_ends_the_sandbox(local_client: orchard.Client, local_root: Path) -> None:
     async with local_client.sandbox(ttl=1) as sb:
         lost: list[errors.SandboxLost] = []

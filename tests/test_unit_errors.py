@@ -29,6 +29,7 @@ EXPECTED: dict[str, tuple[type[errors.ExecutorError], type[BaseException]]] = {
     "session_not_found": (errors.SessionNotFound, LookupError),
     "unsupported": (errors.Unsupported, NotImplementedError),
     "unsafe_archive": (errors.UnsafeUpload, errors.UnsafeArchive),
+    "stopping": (errors.ExecutorError, errors.OrchardError),
     "internal": (errors.ExecutorError, errors.OrchardError),
 }
 

@@ -267,7 +267,12 @@ async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:
         )
     state.in_flight += 1
     try:
-        return await handler(request)
+        response = await handler(request)
+        if state.stopped.is_set() and not response.prepared:
+            # The sandbox is ending (deleted, evicted, ttl): a command it killed on the way out
+            # must not pass for the command's own result.
+            raise ExecutorError("stopping", f"the executor is stopping ({state.stop_reason})")
+        return response
     except ExecutorError as exc:
         return _reply(request, exc.error, status=exc.status)
     except web.HTTPException:

@@ -21,6 +21,7 @@ STATUS: dict[str, int] = {
     "session_not_found": 404,
     "unsupported": 501,
     "unsafe_archive": 400,
+    "stopping": 503,
     "internal": 500,
 }
 

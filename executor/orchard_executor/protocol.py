@@ -105,6 +105,7 @@ ErrorCode = Literal[
     "session_not_found",
     "unsupported",
     "unsafe_archive",
+    "stopping",
     "internal",
 ]
 ERROR_CODES: frozenset[str] = frozenset(ErrorCode.__args__)  # type: ignore[attr-defined]

@@ -231,6 +231,9 @@ class ExecutorClient:
                 code="internal",
                 sandbox_id=self._sandbox_id,
             ) from None
+        if error.code == "stopping":
+            # The backend usually knows why (Deleted, Evicted, ttl); the executor only that it ends.
+            raise await self._lost(ConnectionResetError(error.message))
         cls = EXECUTOR_ERRORS.get(error.code, ExecutorError)
         raise cls(error.message, code=error.code, path=error.path, sandbox_id=self._sandbox_id)
 

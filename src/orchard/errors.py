@@ -154,5 +154,7 @@ EXECUTOR_ERRORS: dict[str, type[ExecutorError]] = {
     "session_not_found": SessionNotFound,
     "unsupported": Unsupported,
     "unsafe_archive": UnsafeUpload,
+    # The client raises SandboxLost (with the backend's reason) for this one.
+    "stopping": ExecutorError,
     "internal": ExecutorError,
 }
