@@ -48,7 +48,7 @@ def local_root(tmp_path: Path) -> Path:
 @contextlib.contextmanager
 def unisolated_ok() -> Iterator[None]:
     """Where a test chose ``isolation="none"`` on purpose: its warning is expected."""
-    from orchard._backends.local import UnisolatedWarning
+    from orchard.errors import UnisolatedWarning
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UnisolatedWarning)

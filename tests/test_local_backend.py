@@ -22,7 +22,7 @@ from support import WAIT, agen, eventually, host_pid_alive, pattern_chunks, proc
 pytestmark = [
     pytest.mark.executor,
     # These tests look at host pids and directories, so they run unisolated on purpose.
-    pytest.mark.filterwarnings("ignore::orchard._backends.local.UnisolatedWarning"),
+    pytest.mark.filterwarnings("ignore::orchard.errors.UnisolatedWarning"),
 ]
 
 MB = 1000 * 1000

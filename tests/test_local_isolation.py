@@ -242,7 +242,7 @@ async def test_auto_without_bubblewrap_is_a_config_error(local_root: Path, monke
 
 
 async def test_no_isolation_warns_once_per_backend(local_root: Path) -> None:
-    from orchard._backends.local import UnisolatedWarning
+    from orchard.errors import UnisolatedWarning
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

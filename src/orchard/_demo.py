@@ -12,9 +12,10 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TextIO, TypeVar
 
 from ._backends import BackendConfig
-from ._backends.local import UnisolatedWarning, bwrap_available
+from ._backends.local import bwrap_available
 from ._client import Client
 from ._sandbox import Sandbox
+from .errors import UnisolatedWarning
 
 T = TypeVar("T")
 

@@ -15,6 +15,10 @@ class OrchardError(Exception):
         self.sandbox_id = sandbox_id
 
 
+class UnisolatedWarning(UserWarning):
+    """Sandboxes of ``LocalConfig(isolation="none")`` run commands on the host, unisolated."""
+
+
 class ConfigError(OrchardError, ValueError):
     """A client or sandbox option is invalid; the message names the option."""
 

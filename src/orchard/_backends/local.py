@@ -36,7 +36,7 @@ import msgspec
 import orchard_executor
 
 from .._spec import SandboxSpec
-from ..errors import ConfigError, OrchardError, SandboxLost, SandboxStartError, SandboxTimeout
+from ..errors import ConfigError, OrchardError, SandboxLost, SandboxStartError, SandboxTimeout, UnisolatedWarning
 from . import LocalConfig
 
 _LAUNCH = "import sys; sys.path[:0] = {paths!r}; from orchard_executor.__main__ import main; main()"
@@ -72,10 +72,6 @@ _ETC = (
     "ssl/openssl.cnf",
     "timezone",
 )
-
-
-class UnisolatedWarning(UserWarning):
-    """Sandboxes of ``LocalConfig(isolation="none")`` run commands on the host, unisolated."""
 
 
 def _import_paths() -> list[str]:
