@@ -34,19 +34,8 @@ async def bwrap_client(local_root: Path) -> AsyncIterator[orchard.Client]:
 
 
 def host_pids(needle: bytes) -> list[int]:
-    """Live host processes whose argv contains ``needle``."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                argv = f.read().split(b"\0")
-        except OSError:
-            continue
-        if needle in argv and host_pid_alive(int(entry)):
-            found.append(int(entry))
-    return found
+    """Live host processes with ``needle`` as a whole argv element."""
+    return [pid for pid, argv in host_pids_containing(needle) if needle in argv]
 
 
 def host_pids_containing(needle: bytes) -> list[tuple[int, list[bytes]]]:
