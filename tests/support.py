@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import os
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable
+
+import aiohttp
 
 import orchard
 
@@ -97,3 +100,28 @@ def sha256_file(path: str | os.PathLike[str]) -> str:
         while block := f.read(1 << 20):
             h.update(block)
     return h.hexdigest()
+
+
+Connection = tuple[asyncio.StreamReader, asyncio.StreamWriter]
+
+
+def executor_opener(sb: orchard.Sandbox) -> Callable[[], Awaitable[Connection]]:
+    """Opens raw connections to the sandbox's executor as its client reaches it now (TCP, or a unix socket)."""
+    connector = sb._rpc._session.connector
+    if isinstance(connector, aiohttp.UnixConnector):
+        path = connector.path
+        return lambda: asyncio.open_unix_connection(path)
+    host, port = sb._rpc._base.removeprefix("http://").rsplit(":", 1)
+    return lambda: asyncio.open_connection(host, int(port))
+
+
+async def open_executor(sb: orchard.Sandbox) -> Connection:
+    """A raw connection to the sandbox's executor."""
+    return await executor_opener(sb)()
+
+
+@contextlib.asynccontextmanager
+async def raw_http(sb: orchard.Sandbox) -> AsyncIterator[aiohttp.ClientSession]:
+    """A plain aiohttp session that reaches the sandbox's executor the way its client does."""
+    async with aiohttp.ClientSession(connector=sb._rpc._session.connector, connector_owner=False) as session:
+        yield session

@@ -38,7 +38,7 @@ from orchard_executor.protocol import (
     encode,
 )
 from orchard_executor.runner import OutputBuffer
-from support import eventually, host_pid_alive, read_pid
+from support import eventually, host_pid_alive, open_executor, raw_http, read_pid
 
 pytestmark = pytest.mark.executor
 
@@ -52,8 +52,8 @@ def auth(sb: orchard.Sandbox) -> dict[str, str]:
 
 
 @pytest.fixture
-async def http() -> Any:
-    async with aiohttp.ClientSession() as session:
+async def http(sb: orchard.Sandbox) -> Any:
+    async with raw_http(sb) as session:
         yield session
 
 
@@ -317,9 +317,8 @@ async def test_setid_modes_need_the_explicit_flag(sb: orchard.Sandbox, http: aio
 
 
 async def test_a_non_utf8_bearer_header_is_a_401(sb: orchard.Sandbox) -> None:
-    host, port = sb._rpc._base.removeprefix("http://").rsplit(":", 1)
     for value in (b"Bearer \xff\xfe\x80", "Bearer é".encode("latin-1"), b"Bearer \xed\xa0\x80"):
-        reader, writer = await asyncio.open_connection(host, int(port))
+        reader, writer = await open_executor(sb)
         writer.write(b"GET /v1/info HTTP/1.1\r\nHost: x\r\nConnection: close\r\nAuthorization: " + value + b"\r\n\r\n")
         await writer.drain()
         reply = await asyncio.wait_for(reader.read(), 20)
@@ -411,3 +410,13 @@ async def test_an_idle_connection_flood_at_the_fd_limit(tmp_path: Path) -> None:
         proc.wait(30)
     assert log_path.stat().st_size < 64 * 1024, log_path.read_bytes()[:2000]
     assert spent < 3.0, f"the executor was busy for {spent:.2f}s of CPU while flooded"
+
+
+async def test_a_path_too_long_for_the_os_is_a_typed_400(sb: orchard.Sandbox) -> None:
+    # Found by the fuzz test in a checkout whose longer working directory pushed the path over PATH_MAX.
+    long = "x" * 5000
+    with pytest.raises(InvalidRequest):
+        await sb.stat(long)
+    with pytest.raises(InvalidRequest):
+        async for _ in sb.download_tar(long):
+            pass

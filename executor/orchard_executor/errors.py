@@ -36,6 +36,9 @@ _ERRNO: dict[int, ErrorCode] = {
     errno.EROFS: "permission_denied",
     errno.ENOSPC: "no_space",
     errno.EDQUOT: "no_space",
+    # Paths the OS cannot take: too long, or a loop of (or a refused) symlink.
+    errno.ENAMETOOLONG: "bad_request",
+    errno.ELOOP: "bad_request",
 }
 
 
