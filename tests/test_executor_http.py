@@ -7,8 +7,9 @@ Raw requests go to the sandbox's executor URL, read from the client's private
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import aiohttp
 import msgspec
@@ -16,7 +17,7 @@ import pytest
 
 import orchard
 from orchard_executor.protocol import JSON, MSGPACK, Error, ExecRequest, ExecResult, SessionExecRequest, decode, encode
-from support import eventually
+from support import eventually, executor_opener, raw_http
 
 pytestmark = pytest.mark.executor
 
@@ -26,8 +27,8 @@ def url(sb: orchard.Sandbox, path: str) -> str:
 
 
 @pytest.fixture
-async def http() -> aiohttp.ClientSession:
-    async with aiohttp.ClientSession() as session:
+async def http(sb: orchard.Sandbox) -> aiohttp.ClientSession:
+    async with raw_http(sb) as session:
         yield session  # type: ignore[misc]
 
 
@@ -169,9 +170,8 @@ class ResponseLosingProxy:
     that check turns true instead (say, while the command still runs).
     """
 
-    def __init__(self, target: str, cut_when: Callable[[], Awaitable[bool]] | None = None) -> None:
-        host, port = target.removeprefix("http://").rsplit(":", 1)
-        self._target = (host, int(port))
+    def __init__(self, sb: orchard.Sandbox, cut_when: Callable[[], Awaitable[bool]] | None = None) -> None:
+        self._open = executor_opener(sb)
         self._cut_when = cut_when
         self.connections = 0
         self.lost_replies = 0
@@ -190,7 +190,7 @@ class ResponseLosingProxy:
     async def _handle(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
         self.connections += 1
         lose = self.connections == 1
-        up_r, up_w = await asyncio.open_connection(*self._target)
+        up_r, up_w = await self._open()
 
         async def pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter, is_reply: bool) -> None:
             try:
@@ -222,15 +222,22 @@ class ResponseLosingProxy:
             await asyncio.gather(pump(client_r, up_w, False), pump(up_r, client_w, True))
 
 
-async def test_a_lost_reply_is_retried_and_the_command_runs_once(sb: orchard.Sandbox) -> None:
-    direct = sb._rpc._base
-    proxy = ResponseLosingProxy(direct)
-    async with proxy as proxied_url:
-        sb._rpc._base = proxied_url
+@contextlib.asynccontextmanager
+async def through(sb: orchard.Sandbox, proxied_url: str) -> AsyncIterator[None]:
+    """Send the sandbox client's requests to ``proxied_url`` (over TCP, whatever the sandbox's own transport)."""
+    direct, session = sb._rpc._base, sb._rpc._session
+    async with aiohttp.ClientSession() as tcp:
+        sb._rpc._base, sb._rpc._session = proxied_url, tcp
         try:
-            result = await sb.exec(APPEND)
+            yield
         finally:
-            sb._rpc._base = direct
+            sb._rpc._base, sb._rpc._session = direct, session
+
+
+async def test_a_lost_reply_is_retried_and_the_command_runs_once(sb: orchard.Sandbox) -> None:
+    proxy = ResponseLosingProxy(sb)
+    async with proxy as proxied_url, through(sb, proxied_url):
+        result = await sb.exec(APPEND)
     assert proxy.lost_replies == 1
     assert proxy.connections == 2
     assert result.ok
@@ -239,14 +246,9 @@ async def test_a_lost_reply_is_retried_and_the_command_runs_once(sb: orchard.San
 
 
 async def test_a_connection_lost_mid_command_is_retried_and_the_command_runs_once(sb: orchard.Sandbox) -> None:
-    direct = sb._rpc._base
-    proxy = ResponseLosingProxy(direct, cut_when=lambda: sb.exists("started"))
-    async with proxy as proxied_url:
-        sb._rpc._base = proxied_url
-        try:
-            result = await sb.exec("echo run >> runs.log; touch started; sleep 0.5; echo done")
-        finally:
-            sb._rpc._base = direct
+    proxy = ResponseLosingProxy(sb, cut_when=lambda: sb.exists("started"))
+    async with proxy as proxied_url, through(sb, proxied_url):
+        result = await sb.exec("echo run >> runs.log; touch started; sleep 0.5; echo done")
     assert proxy.lost_replies == 1
     assert result.stdout == "done\n"
     assert await run_lines(sb) == 1
