@@ -139,6 +139,6 @@ async def test_a_tar_escaping_its_destination_is_refused_on_the_bundled_python(s
         evil = tarfile.TarInfo("../escaped.txt")
         evil.size = 1
         tar.addfile(evil, io.BytesIO(b"x"))
-    with pytest.raises(errors.InvalidRequest, match="outside"):
+    with pytest.raises(errors.UnsafeUpload, match=r"'\.\.' in its name"):
         await sb.upload_tar("dest", buf.getvalue())
     assert not await sb.exists("/escaped.txt")
