@@ -53,9 +53,8 @@ class Listener:
         self._paused: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._warned = 0.0
-        #: Connections closed to make room, and accepts that failed for lack of fds.
+        #: Connections closed to make room (said in the warning when accepts pause).
         self.evicted = 0
-        self.fd_exhausted = 0
 
     def start(self) -> None:
         """Start accepting."""
@@ -114,7 +113,6 @@ class Listener:
             except OSError as exc:
                 if exc.errno not in _OUT_OF_FDS:
                     raise
-                self.fd_exhausted += 1
                 self._evict()  # its fd is free by the next try
                 self._pause(f"out of file descriptors ({exc.strerror})")
                 return
