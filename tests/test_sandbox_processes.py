@@ -152,6 +152,33 @@ async def test_a_process_timeout_kills_it(sb: orchard.Sandbox) -> None:
     assert await p.output() == b"started\n"
 
 
+async def test_output_beyond_max_output_is_drained_dropped_and_counted(sb: orchard.Sandbox) -> None:
+    cap = 64 * 1024
+    total = 8 * 1024 * 1024 + 3
+    # Far more than a pipe holds: a process whose output is not drained past the cap would block.
+    p = await sb.start_process(f"head -c {total} /dev/zero; printf err >&2", max_output=cap)
+    st = await p.wait(timeout=WAIT)
+    assert (st.running, st.exit_code, st.timed_out) == (False, 0, False)
+    assert (st.stdout_size, st.stdout_total, st.stdout_truncated) == (cap, total, True)
+    assert (st.stderr_size, st.stderr_total, st.stderr_truncated) == (3, 3, False)
+    assert await p.output() == bytes(cap)
+    assert await p.output("stderr") == b"err"
+    end = await p.read(offset=cap)
+    assert (end.data, end.next_offset, end.eof) == (b"", cap, True)
+
+
+async def test_output_within_the_default_cap_is_kept_whole(sb: orchard.Sandbox) -> None:
+    p = await sb.start_process(["head", "-c", "300000", "/dev/zero"])
+    st = await p.wait(timeout=WAIT)
+    assert (st.stdout_size, st.stdout_total, st.stdout_truncated) == (300000, 300000, False)
+    assert await p.output() == bytes(300000)
+
+
+async def test_a_bad_process_max_output_is_an_invalid_request(sb: orchard.Sandbox) -> None:
+    with pytest.raises(errors.InvalidRequest, match="max_output"):
+        await sb.start_process(["true"], max_output=10**12)
+
+
 async def test_cwd_and_env(sb: orchard.Sandbox) -> None:
     await sb.mkdir("w")
     p = await sb.start_process('pwd; printf "%s" "$X"', cwd="w", env={"X": "ex"})

@@ -129,7 +129,7 @@ def test_validation_rejects_wrong_types_and_unknown_error_codes() -> None:
 
 def test_request_defaults() -> None:
     req = p.decode(p.encode({"cmd": "true"}), p.ExecRequest)
-    assert req.max_output == p.DEFAULT_MAX_OUTPUT
+    assert req.max_output is None  # each endpoint's own default (DEFAULT_MAX_OUTPUT for an exec)
     assert req.shell == "/bin/sh"
     assert req.stdin is None
     assert req.timeout is None

@@ -100,7 +100,7 @@ class State:
         self.state_dir = settings.state_dir or tempfile.mkdtemp(prefix="orchard-executor-")
         os.makedirs(self.state_dir, exist_ok=True)
         self.env = settings.env if settings.env is not None else clean_environ(os.environ)
-        self.processes = ProcessTable(self.state_dir)
+        self.processes = ProcessTable(self.state_dir, max_output=settings.max_output_limit)
         self.sessions = SessionTable(self.state_dir)
         self.started = time.monotonic()
         self.last_activity = time.monotonic()
@@ -319,7 +319,7 @@ async def info(request: web.Request) -> web.Response:
 
 def _checked(request: web.Request, req: ExecRequest) -> ExecRequest:
     limit = _state(request).settings.max_output_limit
-    if not 0 <= req.max_output <= limit:
+    if req.max_output is not None and not 0 <= req.max_output <= limit:
         raise ExecutorError("bad_request", f"max_output must be between 0 and {limit}")
     if req.timeout is not None and req.timeout <= 0:
         raise ExecutorError("bad_request", "timeout must be positive")

@@ -145,7 +145,10 @@ class ExecRequest(msgspec.Struct, kw_only=True):
     env: Env | None = None
     stdin: bytes | None = None
     timeout: Timeout | None = None
-    max_output: Count = DEFAULT_MAX_OUTPUT
+    #: Bytes kept per stream: an exec keeps the first and last halves (default
+    #: ``DEFAULT_MAX_OUTPUT``); a background process the first bytes, in a file
+    #: (default: the executor's cap, 256 MiB), the rest read and dropped.
+    max_output: Count | None = None
     #: Shell that runs a string ``cmd``, as ``shell -c cmd``.
     shell: PathText = "/bin/sh"
     #: Makes the request idempotent: a retry returns the first run's result.
@@ -234,7 +237,7 @@ class ProcessStatus(msgspec.Struct, kw_only=True):
     running: bool
     exit_code: int | None = None
     signal: int | None = None
-    #: Bytes kept on disk per stream (at most the executor's cap, 256 MiB by default).
+    #: Bytes kept on disk per stream (at most the request's ``max_output``).
     stdout_size: int = 0
     stderr_size: int = 0
     started_at: float = 0.0

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Literal
 
 from .errors import ExecutorError
-from .protocol import ExecRequest, ExecResult
+from .protocol import DEFAULT_MAX_OUTPUT, ExecRequest, ExecResult
 
 StreamName = Literal["stdout", "stderr"]
 OutputSink = Callable[[StreamName, bytes], None]
@@ -321,7 +321,7 @@ async def start(
 async def run(request: ExecRequest, *, cwd: str, env: dict[str, str], sink: OutputSink | None = None) -> ExecResult:
     """Run a command to the end, capturing (or streaming to ``sink``) its output."""
     # A streamed command's output goes to the sink; the buffers only count it.
-    cap = 0 if sink else request.max_output
+    cap = 0 if sink else DEFAULT_MAX_OUTPUT if request.max_output is None else request.max_output
     buffers = {"stdout": OutputBuffer(cap), "stderr": OutputBuffer(cap)}
 
     def capture(stream: StreamName, data: bytes) -> None:

@@ -303,9 +303,16 @@ class Sandbox:
         stdin: bytes | str | None = None,
         timeout: float | None = None,
         shell: str = "/bin/sh",
+        max_output: int | None = None,
     ) -> Process:
-        """Start a command in the background; its output is kept in the sandbox."""
-        req = _request(cmd, cwd, env, stdin, timeout, shell)
+        """Start a command in the background; its output is kept in the sandbox.
+
+        Each stream keeps its first ``max_output`` bytes (default: the
+        executor's cap, 256 MiB) in a file in the sandbox; the rest is read
+        and dropped, so the process never blocks on it, and its status counts
+        it (``stdout_total``) and sets ``stdout_truncated``/``stderr_truncated``.
+        """
+        req = _request(cmd, cwd, env, stdin, timeout, shell, max_output=max_output)
         status = await self._rpc.call("POST", "/v1/processes", ProcessStatus, req, retry=False)
         return Process(self._rpc, status)
 
