@@ -241,9 +241,3 @@ async def test_no_isolation_warns_once_per_backend(local_root: Path) -> None:
     unisolated = [w for w in caught if issubclass(w.category, UnisolatedWarning)]
     assert len(unisolated) == 1, [str(w.message) for w in caught]
     assert "unisolated" in str(unisolated[0].message)
-
-
-async def test_network_is_a_config_error_when_isolated(bwrap_client: orchard.Client, local_root: Path) -> None:
-    with pytest.raises(errors.ConfigError, match="network=True"):
-        await bwrap_client.create(network=True)
-    assert not local_root.exists() or os.listdir(local_root) == []

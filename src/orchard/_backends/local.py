@@ -6,7 +6,8 @@ in a private directory that is deleted with the sandbox. With bubblewrap
 built from an allowlist (the system's /usr and libraries, a minimal /etc),
 its own pid, mount, ipc, uts and network namespaces (loopback only), an
 unprivileged uid, and an executor that listens on a unix socket only its
-client can reach. ``isolation="none"`` runs commands on the host, unisolated,
+client can reach. ``network=True`` adds a user-mode network from slirp4netns
+that reaches what the host reaches, except the host's loopback. ``isolation="none"`` runs commands on the host, unisolated,
 and says so with an ``UnisolatedWarning``.
 
 Nothing leaks: deleting the sandbox kills the executor and every process it
@@ -29,6 +30,7 @@ import sys
 import tempfile
 import time
 import warnings
+from typing import BinaryIO
 
 import aiohttp
 import msgspec
@@ -47,7 +49,7 @@ _SOCKET = "executor.sock"
 #: How much of the executor's stderr the client keeps, for error messages.
 _TAIL_BYTES = 4000
 #: What /etc holds in an isolated sandbox: what programs need, nothing secret
-#: (passwd, group and hosts are written for the sandbox; no resolv.conf: no network).
+#: (passwd, group, hosts and, with a network, resolv.conf are written for the sandbox).
 _ETC = (
     "alternatives",
     "bash.bashrc",
@@ -72,6 +74,10 @@ _ETC = (
     "ssl/openssl.cnf",
     "timezone",
 )
+#: slirp4netns's DNS forwarder, as the sandbox sees it.
+_SLIRP_DNS = "10.0.2.3"
+#: How long a closed sandbox's network helper gets to exit before it is killed.
+_HELPER_GRACE = 5.0
 
 
 def _import_paths() -> list[str]:
@@ -104,16 +110,26 @@ def _under(path: str, parents: list[str]) -> bool:
 
 
 def _bwrap_argv(
-    bwrap: str, *, directory: str, workdir: str, runtime: list[str], as_root: bool, data: dict[str, int]
+    bwrap: str,
+    *,
+    directory: str,
+    workdir: str,
+    runtime: list[str],
+    as_root: bool,
+    data: dict[str, int],
+    info_fd: int | None = None,
 ) -> list[str]:
     """Bubblewrap options: a root from an allowlist, the sandbox's own directories writable.
 
     ``runtime`` lists what the executor itself needs (the interpreter, its
     prefix, its import paths), bound read-only, each directory alone (never
     its parents); ``data`` maps files written for the sandbox (passwd,
-    group, hosts) to the fds bwrap reads them from.
+    group, hosts) to the fds bwrap reads them from; ``info_fd`` gets the
+    sandbox's pid and namespaces (for its network helper).
     """
     argv = [bwrap, "--die-with-parent", "--new-session", *_namespaces(as_root), "--hostname", "orchard"]
+    if info_fd is not None:
+        argv += ["--info-fd", str(info_fd)]
     system = ["/usr"]
     argv += ["--ro-bind", "/usr", "/usr"]
     # Merged-/usr systems make these symlinks into /usr; older ones real directories.
@@ -124,14 +140,20 @@ def _bwrap_argv(
             argv += ["--ro-bind", name, name]
             system.append(name)
     argv += ["--dir", "/etc"]
+    etc_dirs = {"/etc"}
     for name in _ETC:
         path = os.path.join("/etc", name)
+        # bwrap would make a missing parent (/etc/ssl) 0700, closed to the sandbox's uid.
+        if os.path.lexists(path) and os.path.dirname(path) not in etc_dirs:
+            etc_dirs.add(os.path.dirname(path))
+            argv += ["--dir", os.path.dirname(path)]
         if os.path.islink(path):
             argv += ["--symlink", os.readlink(path), path]
         elif os.path.exists(path):
             argv += ["--ro-bind", path, path]
     for dest, fd in data.items():
-        argv += ["--ro-bind-data", str(fd), dest]
+        # Readable by the sandbox's uid (bwrap's default for data is 0600, root's).
+        argv += ["--perms", "0444", "--ro-bind-data", str(fd), dest]
     argv += ["--dev", "/dev", "--proc", "/proc", "--perms", "1777", "--tmpfs", "/tmp"]
     made = {"/", "/tmp", "/etc", "/usr"}
 
@@ -204,6 +226,21 @@ def find_isolation(isolation: str) -> tuple[str, str | None] | None:
     return bwrap, setpriv
 
 
+def find_slirp4netns() -> str:
+    """The slirp4netns binary for ``network=True`` on isolated sandboxes, or a ConfigError naming the package.
+
+    Only one from the system's /usr: it runs as the client's user (as root,
+    root) and parses the sandbox's packets.
+    """
+    found = shutil.which("slirp4netns")
+    if found is None or not os.path.realpath(found).startswith("/usr/"):
+        raise ConfigError(
+            "network=True on an isolated local sandbox needs slirp4netns in /usr for its user-mode network "
+            "(apt-get install slirp4netns); without it, isolated sandboxes have loopback only"
+        )
+    return os.path.realpath(found)
+
+
 def bwrap_available() -> bool:
     """Whether ``isolation="bwrap"`` works on this machine (for callers that choose, like the demo)."""
     try:
@@ -223,8 +260,29 @@ def _remove(directory: str) -> None:
         shutil.rmtree(directory, ignore_errors=True)
 
 
+async def _read_pipe(pipe: BinaryIO, separator: bytes) -> bytes:
+    """Bytes from a pipe up to and including ``separator``, or what came before its EOF."""
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader()
+    transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), pipe)
+    try:
+        return await reader.readuntil(separator)
+    except asyncio.IncompleteReadError as exc:
+        return exc.partial
+    finally:
+        transport.close()
+
+
+async def _tail_into(stream: asyncio.StreamReader | None, tail: bytearray) -> None:
+    """Keep the last bytes of a process's output (a pipe into this process: no file the sandbox could swap)."""
+    assert stream is not None
+    while chunk := await stream.read(65536):
+        tail += chunk
+        del tail[:-_TAIL_BYTES]
+
+
 class LocalInstance:
-    """One executor process and its directory."""
+    """One executor process and its directory (and, with a network, its slirp4netns)."""
 
     def __init__(self, sandbox_id: str, directory: str, proc: asyncio.subprocess.Process, ttl: float | None) -> None:
         self.id = sandbox_id
@@ -236,17 +294,15 @@ class LocalInstance:
         self.timings: dict[str, float] = {}
         self._socket_fd: int | None = None
         self._stderr = bytearray()
-        # The executor's stderr is a pipe into this process: no log file the sandbox could swap.
-        self._drain = asyncio.create_task(self._read_stderr())
+        self._drain = asyncio.create_task(_tail_into(self.proc.stderr, self._stderr))
+        #: The network helper (slirp4netns), and the pipe whose closing tells it to exit.
+        self.helper: asyncio.subprocess.Process | None = None
+        self._helper_exit: int | None = None
+        self._helper_stderr = bytearray()
+        self._helper_drain: asyncio.Task[None] | None = None
         self._deleted = False
         self._expired = False
         self._ttl = asyncio.get_running_loop().call_later(ttl, self._expire) if ttl else None
-
-    async def _read_stderr(self) -> None:
-        assert self.proc.stderr is not None
-        while chunk := await self.proc.stderr.read(65536):
-            self._stderr += chunk
-            del self._stderr[:-_TAIL_BYTES]
 
     async def tail(self) -> str:
         """The end of the executor's stderr (waiting briefly for what a dead executor wrote last)."""
@@ -273,6 +329,109 @@ class LocalInstance:
             auto_decompress=False,
         )
         self.base_url = "http://sandbox"
+
+    async def start_network(self, slirp4netns: str, info: BinaryIO) -> None:
+        """Give the sandbox a user-mode network from slirp4netns, configured when this returns.
+
+        ``info`` is the pipe bwrap writes the sandbox's pid and namespaces to.
+        The helper joins the sandbox's network namespace by an fd pinned and
+        checked here (a reused pid cannot redirect it), refuses the host's
+        loopback, forwards no port to the sandbox, runs in a mount namespace
+        of its own under a seccomp filter, and exits when the pipe this
+        instance holds closes: at ``delete()``, or when the client dies.
+        """
+        raw = await _read_pipe(info, b"}")
+        if not raw.endswith(b"}"):
+            await self.proc.wait()
+            raise SandboxStartError(
+                f"sandbox {self.id}: bubblewrap exited at start ({self.proc.returncode}): " + await self.tail(),
+                sandbox_id=self.id,
+                reason="exited",
+            )
+        child = json.loads(raw)
+        ready_r, ready_w = os.pipe()
+        pinned = [ready_w]
+        with os.fdopen(ready_r, "rb", buffering=0) as ready:
+            self.helper = helper = await self._spawn_helper(slirp4netns, child, pinned)
+            self._helper_drain = asyncio.create_task(_tail_into(helper.stderr, self._helper_stderr))
+            if await _read_pipe(ready, b"1") != b"1":
+                await helper.wait()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(self._helper_drain), 0.5)
+                tail = bytes(self._helper_stderr[-2000:]).decode("utf-8", "replace").strip()
+                raise SandboxStartError(
+                    f"sandbox {self.id}: slirp4netns could not start the network ({helper.returncode}): {tail}",
+                    sandbox_id=self.id,
+                    reason="network",
+                )
+
+    async def _spawn_helper(
+        self, slirp4netns: str, child: dict[str, int], pinned: list[int]
+    ) -> asyncio.subprocess.Process:
+        """Start slirp4netns on the namespaces bwrap reported; ``pinned`` fds are closed here."""
+        try:
+            args, userns = ["--netns-type=path"], -1
+            # Without a user namespace of its own (root's sandboxes) there is none to join.
+            if "user-namespace" in child:
+                userns = os.open(f"/proc/{child['child-pid']}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
+                pinned.append(userns)
+                args.append(f"--userns-path=/proc/self/fd/{userns}")
+            netns = os.open(f"/proc/{child['child-pid']}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+            pinned.append(netns)
+            if os.fstat(netns).st_ino != child["net-namespace"] or (
+                "user-namespace" in child and os.fstat(userns).st_ino != child["user-namespace"]
+            ):
+                raise SandboxStartError(
+                    f"sandbox {self.id}: its first process ended before its network started",
+                    sandbox_id=self.id,
+                    reason="network",
+                )
+            # Set before the spawn: whatever happens next, delete() closing it ends the helper.
+            exit_r, self._helper_exit = os.pipe()
+            pinned.append(exit_r)
+            return await asyncio.create_subprocess_exec(
+                slirp4netns,
+                "--configure",
+                "--mtu=65520",
+                "--disable-host-loopback",
+                "--enable-sandbox",
+                "--enable-seccomp",
+                f"--exit-fd={exit_r}",
+                f"--ready-fd={pinned[0]}",
+                *args,
+                f"/proc/self/fd/{netns}",
+                "tap0",
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.DEVNULL,
+                stderr=asyncio.subprocess.PIPE,
+                cwd="/",
+                env={},
+                pass_fds=pinned,
+                # Its own session: a Ctrl-C meant for the client must not cut the network first.
+                start_new_session=True,
+            )
+        except OSError as exc:
+            raise SandboxStartError(
+                f"sandbox {self.id}: cannot start slirp4netns: {exc}", sandbox_id=self.id, reason="network"
+            ) from exc
+        finally:
+            for fd in pinned:
+                os.close(fd)
+
+    async def _stop_helper(self) -> None:
+        """End the network helper: closing its exit pipe is its cue; killed if it lingers."""
+        if self._helper_exit is not None:
+            os.close(self._helper_exit)
+            self._helper_exit = None
+        if self.helper is not None and self.helper.returncode is None:
+            try:
+                await asyncio.wait_for(self.helper.wait(), _HELPER_GRACE)
+            except TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    self.helper.kill()
+                await self.helper.wait()
+        if self._helper_drain is not None:
+            self._helper_drain.cancel()
 
     def _expire(self) -> None:
         self._expired = True
@@ -317,6 +476,7 @@ class LocalInstance:
                     self.proc.kill()
                 await self.proc.wait()
         self._drain.cancel()
+        await self._stop_helper()
         if self.http is not None:
             await self.http.close()
         if self._socket_fd is not None:
@@ -354,11 +514,12 @@ class LocalBackend:
         }
         return env | spec.env
 
-    def _etc_files(self) -> dict[str, bytes]:
-        """passwd, group and hosts naming only what the sandbox has."""
+    def _etc_files(self, *, network: bool) -> dict[str, bytes]:
+        """passwd, group and hosts naming only what the sandbox has; resolv.conf with a network."""
         users = {0: "root", self._uid: "sandbox"}
         groups = {0: "root", self._gid: "sandbox"}
-        return {
+        dns = {"/etc/resolv.conf": f"nameserver {_SLIRP_DNS}\n".encode()} if network else {}
+        return dns | {
             "/etc/passwd": "".join(
                 f"{name}:x:{uid}:{uid if uid == 0 else self._gid}:{name}:/:/bin/sh\n" for uid, name in users.items()
             ).encode(),
@@ -366,10 +527,16 @@ class LocalBackend:
             "/etc/hosts": b"127.0.0.1 localhost orchard\n::1 localhost ip6-localhost ip6-loopback\n",
         }
 
-    def _isolated_argv(self, directory: str, workdir: str, data: dict[str, int]) -> list[str]:
+    def _isolated_argv(self, directory: str, workdir: str, data: dict[str, int], info_fd: int | None) -> list[str]:
         assert self._bwrap is not None
         argv = _bwrap_argv(
-            self._bwrap, directory=directory, workdir=workdir, runtime=self._runtime, as_root=self._as_root, data=data
+            self._bwrap,
+            directory=directory,
+            workdir=workdir,
+            runtime=self._runtime,
+            as_root=self._as_root,
+            data=data,
+            info_fd=info_fd,
         )
         if self._setpriv is not None:
             argv += [
@@ -389,12 +556,7 @@ class LocalBackend:
         t0 = time.monotonic()
         if spec.workdir and not os.path.isabs(spec.workdir):
             raise ConfigError(f"workdir={spec.workdir!r} must be an absolute path")
-        if spec.network and self._bwrap:
-            raise ConfigError(
-                "network=True is not available on isolated local sandboxes: each has a network namespace with "
-                "loopback only, and no user-mode network (pasta) is wired in; use the docker or kubernetes "
-                "backend, or LocalConfig(isolation='none') to share the host's network unisolated"
-            )
+        slirp4netns = find_slirp4netns() if spec.network and self._bwrap else None
         try:
             os.makedirs(self._root, mode=0o700, exist_ok=True)
             directory = tempfile.mkdtemp(prefix=f"{sandbox_id}-", dir=self._root)
@@ -421,6 +583,7 @@ class LocalBackend:
             _remove(directory)
             raise ConfigError(f"workdir={spec.workdir!r} cannot be created: {exc}") from exc
         ready_r, ready_w = os.pipe()
+        info_r, info_w = os.pipe() if slirp4netns else (-1, -1)
         data: dict[str, int] = {}
         executor = [
             self._python,
@@ -436,12 +599,13 @@ class LocalBackend:
         ]
         if self._bwrap:
             # Small files for bwrap to copy in, through pipes: nothing on disk the sandbox could change.
-            for dest, content in self._etc_files().items():
+            for dest, content in self._etc_files(network=slirp4netns is not None).items():
                 r, w = os.pipe()
                 os.write(w, content)
                 os.close(w)
                 data[dest] = r
-            argv = [*self._isolated_argv(directory, workdir, data), *executor, f"--unix={_SOCKET_DIR}/{_SOCKET}"]
+            isolated = self._isolated_argv(directory, workdir, data, info_w if slirp4netns else None)
+            argv = [*isolated, *executor, f"--unix={_SOCKET_DIR}/{_SOCKET}"]
         else:
             argv = [*executor, "--host=127.0.0.1", "--port=0"]
         if spec.idle_timeout is not None:
@@ -454,10 +618,12 @@ class LocalBackend:
                 stderr=asyncio.subprocess.PIPE,
                 cwd=workdir,
                 env=self._environment(spec, workdir, tmp),
-                pass_fds=(ready_w, *data.values()),
+                pass_fds=(ready_w, *data.values()) + ((info_w,) if slirp4netns else ()),
             )
         except OSError as exc:
             os.close(ready_r)
+            if slirp4netns:
+                os.close(info_r)
             _remove(directory)
             raise SandboxStartError(
                 f"cannot run the executor with {self._python!r}: {exc}; set LocalConfig(python=...)",
@@ -466,12 +632,23 @@ class LocalBackend:
             ) from exc
         finally:
             os.close(ready_w)
+            if slirp4netns:
+                os.close(info_w)
             for fd in data.values():
                 os.close(fd)
         instance = LocalInstance(sandbox_id, directory, proc, spec.ttl)
         instance.timings["spawned"] = time.monotonic() - t0
+        ready = os.fdopen(ready_r, "rb", buffering=0)
+        info = os.fdopen(info_r, "rb", buffering=0) if slirp4netns else None
+
+        async def started() -> int:
+            # The network first: no command reaches the sandbox before start() returns, with its network up.
+            if slirp4netns and info:
+                await instance.start_network(slirp4netns, info)
+            return await self._read_ready(ready, instance)
+
         try:
-            port = await asyncio.wait_for(self._read_ready(ready_r, instance), spec.start_timeout)
+            port = await asyncio.wait_for(started(), spec.start_timeout)
             if self._bwrap:
                 instance.connect(os.path.join(run, _SOCKET))
             else:
@@ -485,21 +662,17 @@ class LocalBackend:
         except BaseException:
             await instance.delete()
             raise
+        finally:
+            ready.close()
+            if info:
+                info.close()
         instance.timings["executor_ready"] = time.monotonic() - t0
         return instance
 
-    async def _read_ready(self, fd: int, instance: LocalInstance) -> int:
+    async def _read_ready(self, pipe: BinaryIO, instance: LocalInstance) -> int:
         """The port from the executor's ready line, or why it died first."""
-        loop = asyncio.get_running_loop()
-        reader = asyncio.StreamReader()
-        transport, _ = await loop.connect_read_pipe(
-            lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd, "rb", buffering=0)
-        )
-        try:
-            line = await reader.readline()
-        finally:
-            transport.close()
-        if not line:
+        line = await _read_pipe(pipe, b"\n")
+        if not line.endswith(b"\n"):
             await instance.proc.wait()
             raise SandboxStartError(
                 f"sandbox {instance.id}: the executor exited at start ({instance.proc.returncode}): "
