@@ -336,9 +336,10 @@ class LocalInstance:
         ``info`` is the pipe bwrap writes the sandbox's pid and namespaces to.
         The helper joins the sandbox's network namespace by an fd pinned and
         checked here (a reused pid cannot redirect it), refuses the host's
-        loopback, forwards no port to the sandbox, runs in a mount namespace
-        of its own under a seccomp filter, and exits when the pipe this
-        instance holds closes: at ``delete()``, or when the client dies.
+        loopback, forwards no port to the sandbox, runs under a seccomp
+        filter (as root, also in a mount namespace of its own, capabilities
+        dropped), and exits when the pipe this instance holds closes: at
+        ``delete()``, or when the client dies.
         """
         raw = await _read_pipe(info, b"}")
         if not raw.endswith(b"}"):
@@ -370,17 +371,18 @@ class LocalInstance:
     ) -> asyncio.subprocess.Process:
         """Start slirp4netns on the namespaces bwrap reported; ``pinned`` fds are closed here."""
         try:
-            args, userns = ["--netns-type=path"], -1
-            # Without a user namespace of its own (root's sandboxes) there is none to join.
-            if "user-namespace" in child:
-                userns = os.open(f"/proc/{child['child-pid']}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
-                pinned.append(userns)
+            # Root's helper gets a mount namespace of its own and drops its capabilities; a user's has
+            # none to drop, and slirp4netns cannot make that namespace outside a user namespace.
+            args = ["--netns-type=path", *(["--enable-sandbox"] if os.geteuid() == 0 else [])]
+            # Opened before the netns, which is checked: both are the sandbox's first process's.
+            userns = os.open(f"/proc/{child['child-pid']}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
+            pinned.append(userns)
+            # A non-root client's sandbox has a user namespace of its own, which owns its netns: join it first.
+            if os.fstat(userns).st_ino != os.stat("/proc/self/ns/user").st_ino:
                 args.append(f"--userns-path=/proc/self/fd/{userns}")
             netns = os.open(f"/proc/{child['child-pid']}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
             pinned.append(netns)
-            if os.fstat(netns).st_ino != child["net-namespace"] or (
-                "user-namespace" in child and os.fstat(userns).st_ino != child["user-namespace"]
-            ):
+            if os.fstat(netns).st_ino != child["net-namespace"]:
                 raise SandboxStartError(
                     f"sandbox {self.id}: its first process ended before its network started",
                     sandbox_id=self.id,
@@ -394,7 +396,6 @@ class LocalInstance:
                 "--configure",
                 "--mtu=65520",
                 "--disable-host-loopback",
-                "--enable-sandbox",
                 "--enable-seccomp",
                 f"--exit-fd={exit_r}",
                 f"--ready-fd={pinned[0]}",
