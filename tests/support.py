@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
 import os
 import random
-from collections.abc import AsyncIterator, Awaitable, Callable
+import socket
+import ssl
+import struct
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
 import aiohttp
+import yarl
 
 import orchard
 
@@ -111,8 +117,14 @@ def executor_opener(sb: orchard.Sandbox) -> Callable[[], Awaitable[Connection]]:
     if isinstance(connector, aiohttp.UnixConnector):
         path = connector.path
         return lambda: asyncio.open_unix_connection(path)
-    host, port = sb._rpc._base.removeprefix("http://").rsplit(":", 1)
-    return lambda: asyncio.open_connection(host, int(port))
+    url = yarl.URL(sb._rpc._base)
+    host, port = url.host, url.port
+    if url.scheme == "https":
+        # Raw connections only need to reach the executor; pinning its certificate is the client's (tests/docker/test_tls.py).
+        tls = ssl.create_default_context()
+        tls.check_hostname, tls.verify_mode = False, ssl.CERT_NONE
+        return lambda: asyncio.open_connection(host, port, ssl=tls, server_hostname="")
+    return lambda: asyncio.open_connection(host, port)
 
 
 async def open_executor(sb: orchard.Sandbox) -> Connection:
@@ -123,5 +135,67 @@ async def open_executor(sb: orchard.Sandbox) -> Connection:
 @contextlib.asynccontextmanager
 async def raw_http(sb: orchard.Sandbox) -> AsyncIterator[aiohttp.ClientSession]:
     """A plain aiohttp session that reaches the sandbox's executor the way its client does."""
+    if sb._rpc._base.startswith("https:"):  # its own connector, pinning the executor's certificate
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=sb._rpc._ssl)) as session:
+            yield session
+        return
     async with aiohttp.ClientSession(connector=sb._rpc._session.connector, connector_owner=False) as session:
         yield session
+
+
+@dataclasses.dataclass(frozen=True)
+class Segment:
+    """One captured IPv4 TCP segment that carried data."""
+
+    src: str
+    dst: str
+    sport: int
+    dport: int
+    payload: bytes
+
+
+@contextlib.contextmanager
+def captured_tcp() -> Iterator[list[Segment]]:
+    """Every IPv4 TCP segment with data, on every interface of this host, while the block runs.
+
+    A packet socket (root) sees what crosses the Docker bridges, the dev
+    cluster's pod bridge and loopback, as a sniffer on those links would.
+    """
+    sock = socket.socket(socket.AF_PACKET, socket.SOCK_DGRAM, socket.htons(0x0003))  # ETH_P_ALL, no link header
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16 << 20)
+    sock.settimeout(0.05)
+    segments: list[Segment] = []
+    stop = threading.Event()
+
+    def run() -> None:
+        while not stop.is_set():
+            try:
+                packet = sock.recv(1 << 16)
+            except TimeoutError:
+                continue
+            if len(packet) < 20 or packet[0] >> 4 != 4 or packet[9] != 6:  # IPv4, TCP
+                continue
+            ip_len = (packet[0] & 0xF) * 4
+            tcp = packet[ip_len:]
+            if len(tcp) < 20:
+                continue
+            payload = tcp[(tcp[12] >> 4) * 4 :]
+            if payload:
+                src, dst = socket.inet_ntoa(packet[12:16]), socket.inet_ntoa(packet[16:20])
+                sport, dport = struct.unpack("!HH", tcp[:4])
+                segments.append(Segment(src, dst, sport, dport, payload))
+
+    thread = threading.Thread(target=run, name="capture", daemon=True)
+    thread.start()
+    try:
+        yield segments
+    finally:
+        stop.set()
+        thread.join()
+        sock.close()
+
+
+def to_executor(segments: list[Segment], sb: orchard.Sandbox) -> list[Segment]:
+    """The captured segments that went to the sandbox's executor (its address and port)."""
+    url = yarl.URL(sb._rpc._base)
+    return [s for s in segments if s.dst == url.host and s.dport == url.port]

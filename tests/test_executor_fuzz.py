@@ -26,6 +26,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from orchard_executor.app import Settings, create_app
+from orchard_executor.protocol import FRAME_HEADER, WITH_STDIN
 
 pytestmark = pytest.mark.executor
 
@@ -114,7 +115,7 @@ def requests(draw: st.DrawFn) -> tuple[str, str, dict[str, str], dict[str, str],
     method, route, kind = draw(st.sampled_from(ROUTES))
     route = route.replace("{id}", draw(st.sampled_from(["{known}", "nope", "0" * 16, "%00", "a" * 300])))
     query = draw(QUERY)
-    content_type = draw(st.sampled_from(["application/msgpack", "application/json", "text/plain", ""]))
+    content_type = draw(st.sampled_from(["application/msgpack", "application/json", "text/plain", "", WITH_STDIN]))
     shape = draw(st.sampled_from(["valid", "mutated", "random", "empty"]))
     if kind in BODIES and shape in ("valid", "mutated"):
         body_obj = draw(BODIES[kind])
@@ -132,6 +133,8 @@ def requests(draw: st.DrawFn) -> tuple[str, str, dict[str, str], dict[str, str],
                 body = msgspec.msgpack.encode(body_obj)
             except OverflowError:  # msgpack has no ints past 64 bits: send them as JSON text instead
                 body = json.dumps(body_obj, default=lambda b: b.hex()).encode()
+            if content_type == WITH_STDIN:  # the struct as one frame, then the streamed stdin
+                body = FRAME_HEADER.pack(len(body)) + body + draw(st.binary(max_size=256))
     elif shape == "random":
         body = draw(st.binary(max_size=256))
     else:

@@ -28,7 +28,7 @@ from orchard.errors import ConfigError
 pytestmark = pytest.mark.unit
 
 TOKEN_HASH = "ab" * 32
-POD_OPTIONS = ("run_as_user", "cap_add", "ephemeral_storage", "runtime_volume_limit", "user_namespaces")
+POD_OPTIONS = ("run_as_user", "cap_add", "ephemeral_storage", "runtime_volume_limit", "user_namespaces", "tls_pem")
 
 
 def build(**options: Any) -> dict[str, Any]:
@@ -78,7 +78,15 @@ def test_injection_and_launcher() -> None:
     assert container["image"] == "swebench/django:latest"
     assert container["command"] == ["/.orchard/run"]
     assert "--port=8750" in container["args"]
-    assert container["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": 8750}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": 8750, "scheme": "HTTP"}
+
+
+def test_a_tls_executor_gets_its_identity_and_an_https_probe() -> None:
+    (container,) = build(tls_pem="PEM")["spec"]["containers"]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env["ORCHARD_EXECUTOR_TLS"] == "PEM"
+    # The kubelet probes over TLS (a plain HTTP probe would find the executor never ready).
+    assert container["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
 
 
 def test_labels_annotations_and_ttl() -> None:

@@ -2,26 +2,34 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
-# The executor never speaks TLS: keep libssl out of its memory (aiohttp copes).
-sys.modules.setdefault("ssl", None)  # type: ignore[arg-type]
+#: The environment variable that carries the executor's TLS certificate and key (PEM).
+TLS_ENV = "ORCHARD_EXECUTOR_TLS"
+
+# Without TLS (a unix socket, or loopback), keep libssl out of the executor's memory (aiohttp copes).
+if not os.environ.get(TLS_ENV):
+    sys.modules.setdefault("ssl", None)  # type: ignore[arg-type]
 
 import argparse
 import asyncio
 import json
 import logging
-import os
 import resource
 import shutil
 import signal
 import socket
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
 from . import listener, reaper
 from .app import STATE, Settings, clean_environ, create_app
+
+if TYPE_CHECKING:
+    import ssl
 
 PARENT_GONE = "parent went away"
 #: Seconds an idle connection is kept open.
@@ -74,6 +82,29 @@ def raise_fd_limit() -> int:
         except (ValueError, OSError):
             pass
     return soft
+
+
+def tls_context(pem: str) -> ssl.SSLContext:
+    """A TLS 1.3 server context for the certificate and key in ``pem``.
+
+    The client made the key pair for this sandbox alone and pins the
+    certificate's hash, so no CA is involved. ``ssl`` loads keys only from
+    files: the PEM goes through a memfd (no disk, nothing another process can
+    swap), closed at once.
+    """
+    import ssl
+
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_3
+    fd = os.memfd_create("orchard-tls", os.MFD_CLOEXEC)
+    try:
+        os.write(fd, pem.encode())
+        ctx.load_cert_chain(f"/proc/self/fd/{fd}")
+    except (ssl.SSLError, ValueError, OSError) as exc:
+        raise SystemExit(f"orchard-executor: cannot load ${TLS_ENV} (a PEM certificate and key): {exc}") from None
+    finally:
+        os.close(fd)
+    return ctx
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -132,6 +163,8 @@ async def serve(args: argparse.Namespace) -> str:
     """Serve until told to stop; returns why it stopped."""
     if not args.token_sha256:
         raise SystemExit("orchard-executor: a token hash is required (--token-sha256); it never runs without auth")
+    pem = os.environ.pop(TLS_ENV, "")
+    tls = tls_context(pem) if pem else None
     settings = Settings(
         token_sha256=args.token_sha256,
         workdir=os.path.abspath(args.workdir or os.getcwd()),
@@ -162,7 +195,7 @@ async def serve(args: argparse.Namespace) -> str:
     else:
         sock = socket.create_server((args.host, args.port), backlog=1024)
     # Our own accept loop: a connection cap, and no error logged per accept at the fd limit.
-    accepting = listener.Listener(sock, runner.server, listener.connection_cap(raise_fd_limit()))
+    accepting = listener.Listener(sock, runner.server, listener.connection_cap(raise_fd_limit()), tls)
     accepting.start()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -23,6 +23,7 @@ from .errors import ExecutorError
 from .processes import MAX_READ, ProcessTable
 from .protocol import (
     API_VERSION,
+    FRAME_HEADER,
     FRAMES,
     HEARTBEAT,
     JSON,
@@ -30,6 +31,7 @@ from .protocol import (
     MAX_INT,
     MSGPACK,
     SETID_BITS,
+    WITH_STDIN,
     DataFrame,
     Empty,
     EndFrame,
@@ -206,12 +208,39 @@ async def _body(request: web.Request, type_: type[T]) -> T:
         ) from None
     except TimeoutError:
         raise ExecutorError("bad_request", f"the {type_.__name__} body took over {BODY_TIMEOUT:g}s") from None
+    return _decoded(raw, type_, _content_type(request))
+
+
+def _decoded(raw: bytes, type_: type[T], content_type: str) -> T:
     try:
-        return decode(raw, type_, _content_type(request))
+        return decode(raw, type_, content_type)
     except msgspec.ValidationError as exc:
         raise ExecutorError("bad_request", f"invalid {type_.__name__}: {exc}") from exc
     except msgspec.DecodeError as exc:
         raise ExecutorError("bad_request", f"undecodable {type_.__name__} body: {exc}") from exc
+
+
+async def _exec_body(request: web.Request) -> tuple[ExecRequest, AsyncIterator[bytes] | None]:
+    """An exec's request, and its stdin streamed from the rest of the body when sent as ``WITH_STDIN``."""
+    if request.content_type != WITH_STDIN:
+        return _checked(request, await _body(request, ExecRequest)), None
+    try:
+        async with asyncio.timeout(BODY_TIMEOUT):
+            (size,) = FRAME_HEADER.unpack(await request.content.readexactly(FRAME_HEADER.size))
+            if size > MAX_BODY:
+                raise ExecutorError("bad_request", f"the ExecRequest of a {WITH_STDIN} body is over {MAX_BODY} bytes")
+            raw = await request.content.readexactly(size)
+    except asyncio.IncompleteReadError:
+        raise ExecutorError("bad_request", f"the {WITH_STDIN} body ends inside its ExecRequest") from None
+    except TimeoutError:
+        raise ExecutorError("bad_request", f"the ExecRequest took over {BODY_TIMEOUT:g}s") from None
+    req = _decoded(raw, ExecRequest, MSGPACK)
+    if req.stdin is not None:
+        raise ExecutorError("bad_request", f"a {WITH_STDIN} body carries stdin after the ExecRequest, not in it")
+    if req.request_id is not None:
+        # A retry could not send the stream again: there is nothing to deduplicate.
+        raise ExecutorError("bad_request", f"a {WITH_STDIN} request takes no request_id")
+    return _checked(request, req), _body_chunks(request)
 
 
 def _reply(request: web.Request, obj: object, status: int = 200) -> web.Response:
@@ -331,9 +360,13 @@ def _checked(request: web.Request, req: ExecRequest) -> ExecRequest:
 async def exec_(request: web.Request) -> web.Response:
     """Run a command to the end and return its captured result."""
     state = _state(request)
-    req = _checked(request, await _body(request, ExecRequest))
-    result = await state.exec_once(req, lambda: run(req, cwd=state.settings.workdir, env=state.env))
-    return _reply(request, result)
+    req, stdin = await _exec_body(request)
+    result = await state.exec_once(req, lambda: run(req, cwd=state.settings.workdir, env=state.env, stdin=stdin))
+    response = _reply(request, result)
+    if not request.content.is_eof():
+        # Stdin the command left unread: close the connection rather than read the rest of it.
+        response.force_close()
+    return response
 
 
 async def _next(items: AsyncIterator[T]) -> T:
@@ -349,7 +382,9 @@ def _error_event(exc: BaseException) -> ErrorEvent:
     return ErrorEvent(error=Error(code="internal", message=f"the stream failed: {exc!r}"))
 
 
-async def _send_frames(request: web.Request, frames: AsyncIterator[bytes]) -> web.StreamResponse:
+async def _send_frames(
+    request: web.Request, frames: AsyncIterator[bytes], *, force_close: bool = False
+) -> web.StreamResponse:
     """Send encoded frames as a FRAMES reply.
 
     Gaps longer than ``HEARTBEAT`` get a heartbeat frame, and a failure of
@@ -357,6 +392,8 @@ async def _send_frames(request: web.Request, frames: AsyncIterator[bytes]) -> we
     (a second response on the same connection would hang the client).
     """
     response = web.StreamResponse(headers={"Content-Type": FRAMES})
+    if force_close:
+        response.force_close()
     await response.prepare(request)
     task: asyncio.Future[bytes] | None = None
     try:
@@ -384,7 +421,7 @@ async def _send_frames(request: web.Request, frames: AsyncIterator[bytes]) -> we
 async def exec_stream(request: web.Request) -> web.StreamResponse:
     """Run a command, sending its output as framed events as it is produced."""
     state = _state(request)
-    req = _checked(request, await _body(request, ExecRequest))
+    req, stdin = await _exec_body(request)
     frames: asyncio.Queue[tuple[bytes, int] | BaseException | None] = asyncio.Queue()
     queued = 0
     paused = False
@@ -401,7 +438,7 @@ async def exec_stream(request: web.Request) -> web.StreamResponse:
         build_argv(req.cmd, req.shell),
         cwd=req.cwd or state.settings.workdir,
         env=state.env if req.env is None else state.env | req.env,
-        stdin=req.stdin,
+        stdin=req.stdin if stdin is None else stdin,
         timeout=req.timeout,
         sink=sink,
     )
@@ -430,7 +467,8 @@ async def exec_stream(request: web.Request) -> web.StreamResponse:
 
     waiter = asyncio.create_task(finish())
     try:
-        return await _send_frames(request, events())
+        # Stdin the command leaves unread is not read either: the connection closes after the reply.
+        return await _send_frames(request, events(), force_close=stdin is not None)
     finally:
         # A client that goes away mid-stream takes the command with it.
         waiter.cancel()

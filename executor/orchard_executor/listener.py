@@ -20,8 +20,12 @@ import errno
 import logging
 import socket
 import time
+from typing import TYPE_CHECKING
 
 from aiohttp import web
+
+if TYPE_CHECKING:
+    import ssl
 
 #: Connections kept at most (the fd limit may lower it).
 MAX_CONNECTIONS = 1024
@@ -31,6 +35,8 @@ MIN_IDLE = 0.5
 PAUSE = 0.1
 #: Connections accepted per wakeup, so that serving requests goes on during a flood.
 BATCH = 16
+#: Seconds a new TLS connection may take to finish its handshake.
+TLS_HANDSHAKE_TIMEOUT = 10.0
 _OUT_OF_FDS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
 log = logging.getLogger("orchard_executor.listener")
@@ -42,10 +48,13 @@ def connection_cap(fd_limit: int) -> int:
 
 
 class Listener:
-    """Accepts connections on ``sock`` for an aiohttp ``web.Server``."""
+    """Accepts connections on ``sock`` for an aiohttp ``web.Server``, over TLS if ``tls`` is given."""
 
-    def __init__(self, sock: socket.socket, server: web.Server, max_connections: int) -> None:
+    def __init__(
+        self, sock: socket.socket, server: web.Server, max_connections: int, tls: ssl.SSLContext | None = None
+    ) -> None:
         self._sock = sock
+        self._tls = tls
         self._server = server
         self._max = max_connections
         self._loop = asyncio.get_running_loop()
@@ -124,8 +133,14 @@ class Listener:
     async def _serve(self, conn: socket.socket) -> None:
         try:
             conn.setblocking(False)
-            await self._loop.connect_accepted_socket(self._server, conn)
-        except OSError:
+            if self._tls is None:
+                await self._loop.connect_accepted_socket(self._server, conn)
+            else:
+                # A handshake is a pending connection: it counts against the cap until done or timed out.
+                await self._loop.connect_accepted_socket(
+                    self._server, conn, ssl=self._tls, ssl_handshake_timeout=TLS_HANDSHAKE_TIMEOUT
+                )
+        except (OSError, TimeoutError):
             conn.close()
         finally:
             self._pending -= 1

@@ -66,6 +66,9 @@ OCTET = "application/octet-stream"
 TAR = "application/x-tar"
 #: A stream of length-prefixed msgpack messages (see ``frame``).
 FRAMES = "application/x-orchard-frames"
+#: A request body that streams a command's stdin: the ``ExecRequest`` as one
+#: ``frame``, then the raw stdin bytes to the end of the body.
+WITH_STDIN = "application/x-orchard-stdin"
 
 #: Default cap, per stream, on the output an exec returns.
 DEFAULT_MAX_OUTPUT = 10 * 1024 * 1024

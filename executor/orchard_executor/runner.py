@@ -8,7 +8,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterable, Callable
 from typing import Literal
 
 from .errors import ExecutorError
@@ -16,6 +16,8 @@ from .protocol import DEFAULT_MAX_OUTPUT, ExecRequest, ExecResult
 
 StreamName = Literal["stdout", "stderr"]
 OutputSink = Callable[[StreamName, bytes], None]
+#: A command's stdin: bytes, or chunks as they arrive (a streamed request body).
+Stdin = bytes | AsyncIterable[bytes] | None
 
 #: After the command exits, how long to wait for processes it left behind to
 #: close the output pipes before returning what was read.
@@ -249,14 +251,71 @@ class _Pipes:
             self._close(fd)
 
 
+def _wake(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+class _Feeder:
+    """Writes stdin into a command's pipe from the loop, one chunk at a time, as the pipe takes it.
+
+    A chunk is taken from the source only once the previous one is in the
+    pipe, so a streamed request body is read no faster than the command
+    reads: bounded memory, and backpressure down to the client. A command
+    that closes its stdin ends the feeding; a source that fails kills the
+    command, which must not take a cut stdin for a whole one.
+    """
+
+    def __init__(self, fd: int, source: bytes | AsyncIterable[bytes], pid: int) -> None:
+        self._pid = pid
+        #: Why the source failed, if it did.
+        self.error: BaseException | None = None
+        self.task = asyncio.create_task(self._run(fd, source))
+
+    async def _run(self, fd: int, source: bytes | AsyncIterable[bytes]) -> None:
+        loop = asyncio.get_running_loop()
+        os.set_blocking(fd, False)
+        try:
+            async for chunk in _chunks(source):
+                view = memoryview(chunk)
+                while view:
+                    try:
+                        view = view[os.write(fd, view) :]
+                    except BlockingIOError:
+                        writable = loop.create_future()
+                        loop.add_writer(fd, _wake, writable)
+                        try:
+                            await writable
+                        finally:
+                            loop.remove_writer(fd)
+        except BrokenPipeError:
+            pass  # the command closed its stdin: what it did not read is dropped
+        except Exception as exc:
+            self.error = exc
+            kill_tree(self._pid)
+        finally:
+            os.close(fd)
+
+
+async def _chunks(source: bytes | AsyncIterable[bytes]) -> AsyncIterable[bytes]:
+    if isinstance(source, bytes):
+        yield source
+        return
+    async for chunk in source:
+        yield chunk
+
+
 class Running:
     """A started command; ``wait()`` enforces the timeout and returns the result."""
 
-    def __init__(self, child: Child, pipes: _Pipes, timeout: float | None, started: float) -> None:
+    def __init__(
+        self, child: Child, pipes: _Pipes, timeout: float | None, started: float, feeder: _Feeder | None = None
+    ) -> None:
         self._child = child
         self._pipes = pipes
         self._timeout = timeout
         self._started = started
+        self._feeder = feeder
         self.pid = child.pid
 
     def pause_output(self, paused: bool) -> None:
@@ -281,7 +340,14 @@ class Running:
             raise
         finally:
             self._pipes.close()
+            if self._feeder is not None:
+                # Stdin the command left unread (a child may still hold the pipe) is not waited for.
+                self._feeder.task.cancel()
         duration = time.monotonic() - self._started
+        if self._feeder is not None and self._feeder.error is not None:
+            raise ExecutorError(
+                "bad_request", f"the command's stdin ended early, so it was killed: {self._feeder.error!r}"
+            )
         code = await self._child.wait()
         if code < 0:
             return None, -code, timed_out, duration
@@ -293,15 +359,15 @@ async def start(
     *,
     cwd: str,
     env: dict[str, str],
-    stdin: bytes | None,
+    stdin: Stdin,
     timeout: float | None,
     sink: OutputSink,
 ) -> Running:
-    """Start ``argv`` in a new process group, output delivered to ``sink``."""
+    """Start ``argv`` in a new process group, ``stdin`` fed to it, output delivered to ``sink``."""
     started = time.monotonic()
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
-    in_r, in_w = os.pipe() if stdin else (os.open(os.devnull, os.O_RDONLY), -1)
+    in_r, in_w = os.pipe() if stdin is not None and stdin != b"" else (os.open(os.devnull, os.O_RDONLY), -1)
     try:
         child = Child(argv, cwd=cwd, env=env, stdin=in_r, stdout=out_w, stderr=err_w)
     except BaseException:
@@ -312,14 +378,22 @@ async def start(
     finally:
         for fd in (out_w, err_w, in_r):
             os.close(fd)
-    if stdin:
-        feeder = asyncio.get_running_loop().run_in_executor(None, write_all, in_w, stdin)
-        feeder.add_done_callback(lambda _: os.close(in_w))
-    return Running(child, _Pipes({out_r: "stdout", err_r: "stderr"}, sink), timeout, started)
+    feeder = None if stdin is None or in_w < 0 else _Feeder(in_w, stdin, child.pid)
+    return Running(child, _Pipes({out_r: "stdout", err_r: "stderr"}, sink), timeout, started, feeder)
 
 
-async def run(request: ExecRequest, *, cwd: str, env: dict[str, str], sink: OutputSink | None = None) -> ExecResult:
-    """Run a command to the end, capturing (or streaming to ``sink``) its output."""
+async def run(
+    request: ExecRequest,
+    *,
+    cwd: str,
+    env: dict[str, str],
+    sink: OutputSink | None = None,
+    stdin: AsyncIterable[bytes] | None = None,
+) -> ExecResult:
+    """Run a command to the end, capturing (or streaming to ``sink``) its output.
+
+    ``stdin``, when given, is streamed to the command in place of ``request.stdin``.
+    """
     # A streamed command's output goes to the sink; the buffers only count it.
     cap = 0 if sink else DEFAULT_MAX_OUTPUT if request.max_output is None else request.max_output
     buffers = {"stdout": OutputBuffer(cap), "stderr": OutputBuffer(cap)}
@@ -333,7 +407,7 @@ async def run(request: ExecRequest, *, cwd: str, env: dict[str, str], sink: Outp
         build_argv(request.cmd, request.shell),
         cwd=request.cwd or cwd,
         env=env if request.env is None else env | request.env,
-        stdin=request.stdin,
+        stdin=request.stdin if stdin is None else stdin,
         timeout=request.timeout,
         sink=capture,
     )

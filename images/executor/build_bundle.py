@@ -59,8 +59,9 @@ STDLIB_PRUNE = {
     "xmlrpc",
 }
 #: Extension modules kept from lib-dynload (prefix before the first dot).
-#: Everything else (ssl, ctypes, curses, readline, sqlite, tk, dbm, test
-#: modules, ...) would drag in libraries the executor never needs.
+#: Everything else (ctypes, curses, readline, sqlite, tk, dbm, test modules,
+#: ...) would drag in libraries the executor never needs. ``_ssl`` (libssl) is
+#: for executors reached over a network, which speak TLS; it is loaded only then.
 DYNLOAD_KEEP = {
     "_asyncio",
     "_blake2",
@@ -83,6 +84,7 @@ DYNLOAD_KEEP = {
     "_sha3",
     "_sha512",
     "_socket",
+    "_ssl",
     "_statistics",
     "_struct",
     "_typing",

@@ -12,6 +12,7 @@ from typing import Any
 
 import aiohttp
 
+from . import _tls
 from ._backends import BackendConfig, build_backend, make_config
 from ._backends.base import Backend
 from ._rpc import LIVENESS_TIMEOUT, READ_TIMEOUT, ExecutorClient
@@ -109,10 +110,11 @@ class Client:
         sandbox_id = f"sb-{self.session_id}-{secrets.token_hex(4)}"
         token = secrets.token_urlsafe(32)
         t0 = time.monotonic()
+        tls = _tls.make_identity(sandbox_id) if backend.tls else None
         async with self._starts:
             waited = time.monotonic() - t0
             instance = await backend.start(
-                sandbox_spec, sandbox_id=sandbox_id, token_sha256=hashlib.sha256(token.encode()).hexdigest()
+                sandbox_spec, sandbox_id=sandbox_id, token_sha256=hashlib.sha256(token.encode()).hexdigest(), tls=tls
             )
         if self._closed:  # closed while this one was starting: nobody would delete it
             await instance.delete()
@@ -124,6 +126,7 @@ class Client:
             instance.base_url,
             token,
             sandbox_id=sandbox_id,
+            fingerprint=tls.fingerprint if tls is not None else None,
             diagnose=instance.diagnose,
             read_timeout=self._read_timeout,
             liveness_timeout=self._liveness_timeout,

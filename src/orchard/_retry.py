@@ -22,12 +22,14 @@ TRANSIENT = (aiohttp.ClientConnectionError,)
 #: Among those, a deadline that passed: not retried, since a slow or frozen
 #: executor would only make the caller wait the whole deadline again.
 TOO_SLOW = (aiohttp.ServerTimeoutError,)
+#: And a peer that is not the executor the client made a certificate for: no retry makes it so.
+IMPOSTOR = (aiohttp.ServerFingerprintMismatch,)
 
 
 def policy(attempts: int = 4) -> AsyncRetrying:
     """A fresh retrying controller for one call."""
     return AsyncRetrying(
-        retry=retry_if_exception_type(TRANSIENT) & retry_if_not_exception_type(TOO_SLOW),
+        retry=retry_if_exception_type(TRANSIENT) & retry_if_not_exception_type((*TOO_SLOW, *IMPOSTOR)),
         wait=wait_random_exponential(multiplier=0.05, max=2.0),
         stop=stop_after_attempt(attempts),
         reraise=True,

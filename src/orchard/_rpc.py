@@ -40,7 +40,7 @@ from orchard_executor.protocol import (
     encode,
 )
 
-from . import _retry
+from . import _retry, _tls
 from .errors import (
     EXECUTOR_ERRORS,
     ExecutorError,
@@ -138,6 +138,8 @@ class ExecutorClient:
         base_url: where the executor answers.
         token: the sandbox's bearer token.
         sandbox_id: named in errors.
+        fingerprint: SHA-256 of the executor's TLS certificate, the only one
+            accepted (for an ``https`` base_url).
         diagnose: asks the backend why the executor stopped answering.
         read_timeout: see ``READ_TIMEOUT``.
         liveness_timeout: see ``LIVENESS_TIMEOUT``.
@@ -154,11 +156,15 @@ class ExecutorClient:
         *,
         sandbox_id: str,
         diagnose: Callable[[], Awaitable[OrchardError | None]],
+        fingerprint: bytes | None = None,
         read_timeout: float = READ_TIMEOUT,
         liveness_timeout: float = LIVENESS_TIMEOUT,
     ) -> None:
         self._session = session
         self._base = base_url.rstrip("/")
+        if self._base.startswith("https:") and fingerprint is None:
+            raise ValueError(f"{base_url}: an https executor needs the fingerprint of its certificate")
+        self._ssl = _tls.pin(fingerprint)
         self._headers = {"Authorization": f"Bearer {token}", "Content-Type": MSGPACK, "Accept": MSGPACK}
         self._sandbox_id = sandbox_id
         self._diagnose = diagnose
@@ -249,6 +255,13 @@ class ExecutorClient:
         )
 
     async def _lost(self, exc: BaseException) -> OrchardError:
+        if isinstance(exc, aiohttp.ServerFingerprintMismatch):
+            return ProtocolError(
+                f"sandbox {self._sandbox_id}: whatever answers at {self._base} is not its executor: it presented "
+                f"a TLS certificate with SHA-256 {exc.got.hex()}, not the one made for the sandbox "
+                f"({exc.expected.hex()})",
+                sandbox_id=self._sandbox_id,
+            )
         found = await self._diagnose()
         if found is not None:
             return found
@@ -294,6 +307,7 @@ class ExecutorClient:
                 params=params,
                 headers=self._headers,
                 timeout=self._timeout(timeout),
+                ssl=self._ssl,
             ) as resp:
                 return await self._reply(resp, result, limit)
 
@@ -326,6 +340,7 @@ class ExecutorClient:
                     params=params,
                     headers=headers,
                     timeout=self._timeout(timeout),
+                    ssl=self._ssl,
                 ) as resp:
                     return await self._reply(resp, result, MAX_REPLY)
             except _retry.TRANSIENT:
@@ -379,7 +394,7 @@ class ExecutorClient:
         self._check_open()
         try:
             async with self._session.get(
-                self._base + path, params=params, headers=self._headers, timeout=self._stream_timeout()
+                self._base + path, params=params, headers=self._headers, timeout=self._stream_timeout(), ssl=self._ssl
             ) as resp:
                 if resp.status >= 400:
                     await self._raise_for(resp)
@@ -409,7 +424,11 @@ class ExecutorClient:
         self._check_open()
         try:
             async with self._session.post(
-                self._base + path, data=encode(body), headers=self._headers, timeout=self._stream_timeout()
+                self._base + path,
+                data=encode(body),
+                headers=self._headers,
+                timeout=self._stream_timeout(),
+                ssl=self._ssl,
             ) as resp:
                 if resp.status >= 400:
                     await self._raise_for(resp)
@@ -480,7 +499,7 @@ class ExecutorClient:
                 # Retried within the deadline: one refused connection (a port-forward's, say) proves nothing.
                 async for attempt in _retry.policy(attempts=1000):
                     with attempt:
-                        async with self._session.get(self._base + "/healthz") as resp:
+                        async with self._session.get(self._base + "/healthz", ssl=self._ssl) as resp:
                             resp.close()  # any answer shows the executor's loop is running
                             return None
         except (TimeoutError, aiohttp.ClientError):
@@ -504,7 +523,7 @@ class ExecutorClient:
             except _retry.TOO_SLOW as exc:
                 raise await self._timed_out(exc) from None
             except _retry.TRANSIENT as exc:
-                if not retry:
+                if not retry or isinstance(exc, _retry.IMPOSTOR):
                     raise await self._lost(exc) from exc
             try:
                 async for attempt in _retry.policy(attempts=3):

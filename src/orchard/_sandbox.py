@@ -15,6 +15,7 @@ from orchard_executor.protocol import (
     DEFAULT_MAX_OUTPUT,
     OCTET,
     TAR,
+    WITH_STDIN,
     Empty,
     ExecRequest,
     ExecResult,
@@ -36,13 +37,17 @@ from orchard_executor.protocol import (
     WaitRequest,
 )
 
-from ._rpc import MAX_REPLY, REPLY_SLACK, ExecutorClient
+from ._rpc import MAX_REPLY, REPLY_SLACK, ExecutorClient, with_stdin
 from ._spec import SandboxSpec
 from .errors import PathNotFound, SandboxLost, UnsafeArchive
 
 Command = str | Sequence[str]
 Data = bytes | str | AsyncIterable[bytes]
+#: A command's stdin: bytes or text, chunks from an async iterable, or a local file's path.
+Stdin = bytes | str | AsyncIterable[bytes] | os.PathLike[str]
 _CHUNK = 256 * 1024
+#: Largest stdin sent inside the request (which a retry can repeat); more is streamed as the body.
+INLINE_STDIN = 1024 * 1024
 
 
 def _result_limit(max_output: int) -> int:
@@ -52,6 +57,25 @@ def _result_limit(max_output: int) -> int:
 
 def _stdin(data: bytes | str | None) -> bytes | None:
     return data.encode() if isinstance(data, str) else data
+
+
+def _split_stdin(stdin: Stdin | None) -> tuple[bytes | None, AsyncIterable[bytes] | None]:
+    """Stdin to send inside the request (small bytes), or to stream after it (anything else)."""
+    if isinstance(stdin, str):
+        stdin = stdin.encode()
+    if stdin is None or isinstance(stdin, bytes) and len(stdin) <= INLINE_STDIN:
+        return stdin, None
+    if isinstance(stdin, bytes):
+        return None, _whole(stdin)
+    if isinstance(stdin, os.PathLike):
+        path = os.fspath(stdin)
+        open(path, "rb").close()  # a missing or unreadable file fails here, before the command starts
+        return None, _file_chunks(path)
+    return None, stdin
+
+
+async def _whole(data: bytes) -> AsyncIterator[bytes]:
+    yield data
 
 
 def _request(
@@ -235,7 +259,7 @@ class Sandbox:
         *,
         cwd: str | None = None,
         env: Mapping[str, str] | None = None,
-        stdin: bytes | str | None = None,
+        stdin: Stdin | None = None,
         timeout: float | None = None,
         max_output: int = DEFAULT_MAX_OUTPUT,
         shell: str = "/bin/sh",
@@ -246,7 +270,12 @@ class Sandbox:
             cmd: an argv list, or a string run by ``shell -c``.
             cwd: working directory (default: the sandbox's workdir).
             env: variables added to the sandbox's environment.
-            stdin: bytes fed to the command's stdin (default: empty).
+            stdin: fed to the command's stdin (default: empty): bytes or text,
+                an async iterable of bytes, or the path (``os.PathLike``) of a
+                local file. Beyond 1 MiB it is streamed as the command reads
+                it, in any size; a command that exits without reading it all
+                does not wait for the rest. An exception the iterable raises
+                kills the command and is raised here.
             timeout: seconds after which the whole process group is killed;
                 the result then has ``timed_out=True`` and the output so far.
             max_output: bytes kept per stream; beyond it the first and last
@@ -258,7 +287,21 @@ class Sandbox:
         raises ``SandboxTimeout`` if it stops answering. With one, the reply
         is due ``read_timeout`` after it.
         """
-        req = _request(cmd, cwd, env, stdin, timeout, shell, max_output=max_output, request_id=uuid.uuid4().hex)
+        inline, streamed = _split_stdin(stdin)
+        if streamed is not None:
+            # Not retried, so without a request id: the stream cannot be sent twice.
+            req = _request(cmd, cwd, env, None, timeout, shell, max_output=max_output)
+            return await self._rpc.send(
+                "POST",
+                "/v1/exec",
+                ExecResult,
+                with_stdin(req, streamed),
+                params={},
+                content_type=WITH_STDIN,
+                timeout=timeout,
+                limit=_result_limit(max_output),
+            )
+        req = _request(cmd, cwd, env, inline, timeout, shell, max_output=max_output, request_id=uuid.uuid4().hex)
         return await self._rpc.call(
             "POST", "/v1/exec", ExecResult, req, timeout=timeout, limit=_result_limit(max_output)
         )
@@ -269,7 +312,7 @@ class Sandbox:
         *,
         cwd: str | None = None,
         env: Mapping[str, str] | None = None,
-        stdin: bytes | str | None = None,
+        stdin: Stdin | None = None,
         timeout: float | None = None,
         shell: str = "/bin/sh",
     ) -> AsyncIterator[OutputEvent | ExitEvent]:
@@ -277,11 +320,12 @@ class Sandbox:
 
         The last event is an ``ExitEvent`` whose ``result`` has the exit code,
         ``timed_out`` and byte counts (its output fields are empty). Leaving
-        the loop early kills the command.
+        the loop early kills the command. ``stdin`` is as for ``exec``.
         """
-        req = _request(cmd, cwd, env, stdin, timeout, shell)
+        inline, streamed = _split_stdin(stdin)
+        req = _request(cmd, cwd, env, inline, timeout, shell)
         totals = {"stdout": 0, "stderr": 0}
-        async for event in self._rpc.frames("/v1/exec/stream", req, timeout):
+        async for event in self._rpc.frames("/v1/exec/stream", req, timeout, stdin=streamed):
             if isinstance(event, OutputEvent):
                 totals[event.stream] += len(event.data)
                 yield event

@@ -81,7 +81,7 @@ async def test_labels_and_the_executor_reached_on_orchards_bridge(
     assert not info["NetworkSettings"]["Ports"]
     ((name, endpoint),) = info["NetworkSettings"]["Networks"].items()
     assert name == "orchard-internal"
-    assert sb._rpc._base == f"http://{endpoint['IPAddress']}:8750"
+    assert sb._rpc._base == f"https://{endpoint['IPAddress']}:8750"
     status, network = engine("GET", "/networks/orchard-internal")
     assert status == 200, network
     assert network["Internal"] is True
@@ -99,7 +99,7 @@ async def test_a_network_of_ones_own_publishes_the_port_on_loopback_only(docker_
             assert list(info["NetworkSettings"]["Networks"]) == [name]
             bindings = info["NetworkSettings"]["Ports"]["8750/tcp"]
             assert {b["HostIp"] for b in bindings} == {"127.0.0.1"}
-            assert sb._rpc._base == f"http://127.0.0.1:{bindings[0]['HostPort']}"
+            assert sb._rpc._base == f"https://127.0.0.1:{bindings[0]['HostPort']}"
             assert (await sb.exec(["true"])).ok
     finally:
         assert engine("DELETE", f"/networks/{created['Id']}")[0] == 204

@@ -190,7 +190,7 @@ async def test_executor_gone(kclient: orchard.Client) -> None:
 async def test_no_token_no_access_and_no_service_account(kclient: orchard.Client) -> None:
     async with kclient.sandbox(BUSYBOX) as sb:
         base = sb._rpc._base
-        async with aiohttp.ClientSession() as http:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=sb._rpc._ssl)) as http:
             for headers in ({}, {"Authorization": "Bearer wrong"}):
                 async with http.post(f"{base}/v1/exec", json={"cmd": ["id"]}, headers=headers) as resp:
                     assert resp.status == 401
@@ -204,7 +204,7 @@ async def test_no_token_no_access_and_no_service_account(kclient: orchard.Client
 async def test_port_forward_transport(kubeconfig: str, k8s_namespace: str) -> None:
     cfg = config(kubeconfig, k8s_namespace, transport="port-forward")
     async with orchard.Client(cfg) as c, c.sandbox(SWE) as sb:
-        assert sb._rpc._base.startswith("http://127.0.0.1:")
+        assert sb._rpc._base.startswith("https://127.0.0.1:")
         r = await sb.exec("echo via-api-server; echo err >&2; exit 4")
         assert (r.exit_code, r.stdout, r.stderr) == (4, "via-api-server\n", "err\n")
         payload = os.urandom(3 * 1024 * 1024)

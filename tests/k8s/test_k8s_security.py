@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import secrets
 import subprocess
 import sys
 from typing import Any
@@ -20,6 +21,7 @@ from kubernetes_asyncio.client.api_client import ApiClient
 
 import orchard
 from orchard.errors import SandboxLost, SandboxStartError
+from support import captured_tcp, to_executor
 
 pytestmark = pytest.mark.k8s
 
@@ -224,3 +226,21 @@ async def test_k8s_setup_labels_the_namespace_and_writes_client_only_policies(
         pod = await core.read_namespaced_pod(sb.id, k8s_namespace)
         assert pod.metadata.labels["orchard.dev/network"] == "on"
         assert covered(pod.status.pod_ip, v4)  # sandboxes cannot reach one another through the egress rule
+
+
+async def test_the_token_and_the_data_cross_the_pod_network_only_encrypted(kubeconfig: str, k8s_namespace: str) -> None:
+    secret = secrets.token_hex(16).encode()
+    async with orchard.Client(config(kubeconfig, k8s_namespace, transport="direct")) as client:
+        with captured_tcp() as segments:
+            async with client.sandbox(BUSYBOX) as sb:
+                assert (await sb.exec(["echo", secret.decode()])).stdout == secret.decode() + "\n"
+                await sb.write_file("/tmp/secret", secret)
+                assert await sb.read_file("/tmp/secret") == secret
+                await asyncio.sleep(0.5)  # the capture thread catches up
+    token = sb._rpc._headers["Authorization"].removeprefix("Bearer ").encode()
+    sent = to_executor(segments, sb)
+    # The capture saw the requests to the pod, yet neither the token nor the data is in any segment.
+    assert len(sent) >= 4, f"only {len(sent)} segments to the executor captured"
+    assert not [s for s in segments if token in s.payload], "the bearer token crossed the pod network in clear"
+    assert not [s for s in segments if secret in s.payload], "a command's data crossed the pod network in clear"
+    assert sent[0].payload[:1] == b"\x16", sent[0].payload[:64]  # a TLS handshake record

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from .._spec import SandboxSpec
+from .._tls import Identity
 from ..errors import OrchardError
 
 
@@ -34,9 +35,16 @@ class Backend(Protocol):
     """Starts sandboxes; one per Client."""
 
     name: str
+    #: Whether its executors are reached over a network, and so speak TLS (``start`` gets ``tls``).
+    tls: bool
 
-    async def start(self, spec: SandboxSpec, *, sandbox_id: str, token_sha256: str) -> Instance:
+    async def start(
+        self, spec: SandboxSpec, *, sandbox_id: str, token_sha256: str, tls: Identity | None = None
+    ) -> Instance:
         """Start a sandbox and return once its executor is ready.
+
+        ``tls`` is the sandbox's TLS identity when the backend's ``tls`` is true:
+        its executor serves with that key and certificate, at an ``https`` URL.
 
         Raises:
             SandboxStartError: it cannot start (the reason says why).

@@ -44,6 +44,8 @@ import aiohttp
 
 from .. import _retry
 from .._spec import SandboxSpec
+from .._tls import ENV as TLS_ENV
+from .._tls import Identity, pin
 from ..errors import ConfigError, OrchardError, SandboxLost, SandboxStartError, SandboxTimeout
 from . import DockerConfig
 from .bundle import MOUNT, install, launcher
@@ -155,12 +157,14 @@ def container_config(
     created_at: float,
     config: DockerConfig | None = None,
     network: str | None = None,
+    tls_pem: str | None = None,
 ) -> dict[str, Any]:
     """The ``POST /containers/create`` body for one sandbox.
 
     The image's own entrypoint and command are replaced by the launcher; its
     environment, user and working directory stay (``env`` and ``workdir``
-    add to and override them). Only the token's SHA-256 is in the container.
+    add to and override them). Only the token's SHA-256 is in the container,
+    and the executor's TLS key and certificate (``tls_pem``), for its own use.
     The container is hardened as ``config`` says (see ``DockerConfig``); it
     joins ``network``, or ``config.network`` with its port published on
     127.0.0.1.
@@ -220,7 +224,7 @@ def container_config(
         "Image": spec.image,
         "Entrypoint": launcher(),
         "Cmd": args,
-        "Env": [f"{k}={v}" for k, v in spec.env.items()],
+        "Env": [f"{k}={v}" for k, v in spec.env.items()] + ([f"{TLS_ENV}={tls_pem}"] if tls_pem else []),
         "Labels": labels,
         "ExposedPorts": {f"{port}/tcp": {}},
         "StopTimeout": 1,
@@ -318,11 +322,15 @@ async def ensure_network(engine: Engine, name: str, bridge: str, *, egress: bool
 class DockerInstance:
     """A sandbox container."""
 
-    def __init__(self, engine: Engine, sandbox_id: str, container_id: str, t0: float) -> None:
+    def __init__(
+        self, engine: Engine, sandbox_id: str, container_id: str, t0: float, fingerprint: bytes | None = None
+    ) -> None:
         self._engine = engine
         self.id = sandbox_id
         self.container_id = container_id
         self.base_url = ""
+        #: SHA-256 of the executor's TLS certificate (it speaks https when set).
+        self.fingerprint = fingerprint
         self.timings: dict[str, float] = {}
         self._t0 = t0
         self._deleted = False
@@ -405,6 +413,7 @@ class DockerBackend:
     """Runs each sandbox as a container of its task image on a Docker engine."""
 
     name = "docker"
+    tls = True
 
     def __init__(self, config: DockerConfig, *, session_id: str, http: aiohttp.ClientSession) -> None:
         self.config = config
@@ -497,7 +506,9 @@ class DockerBackend:
                 reason="ErrImagePull",
             ) from exc
 
-    async def start(self, spec: SandboxSpec, *, sandbox_id: str, token_sha256: str) -> DockerInstance:
+    async def start(
+        self, spec: SandboxSpec, *, sandbox_id: str, token_sha256: str, tls: Identity | None = None
+    ) -> DockerInstance:
         """Create and start the container; return once its executor answers."""
         t0 = time.monotonic()
         # Built first, so that a bad option fails before anything is done on the engine.
@@ -511,13 +522,14 @@ class DockerBackend:
             owner=self._owner,
             created_at=time.time(),
             config=self.config,
+            tls_pem=tls.pem if tls is not None else None,
         )
         try:
             async with asyncio.timeout(spec.start_timeout):
                 body["HostConfig"]["Mounts"][0]["Source"] = await self.runtime_volume()
                 body["HostConfig"]["NetworkMode"] = await self.sandbox_network(spec.network)
                 await self._ensure_image(spec, sandbox_id)
-                return await self._create_and_start(spec, sandbox_id, body, t0)
+                return await self._create_and_start(spec, sandbox_id, body, t0, tls)
         except TimeoutError:
             raise SandboxTimeout(
                 f"sandbox {sandbox_id} was not ready within start_timeout={spec.start_timeout:g}s",
@@ -535,7 +547,7 @@ class DockerBackend:
             ) from exc
 
     async def _create_and_start(
-        self, spec: SandboxSpec, sandbox_id: str, body: dict[str, Any], t0: float
+        self, spec: SandboxSpec, sandbox_id: str, body: dict[str, Any], t0: float, tls: Identity | None
     ) -> DockerInstance:
         create = asyncio.ensure_future(
             self._engine.request("POST", "/containers/create", params={"name": sandbox_id}, body=body)
@@ -558,7 +570,9 @@ class DockerBackend:
             # Interrupted (a timeout): the container may exist without our knowing its id.
             await asyncio.shield(self._discard(create, sandbox_id))
             raise
-        instance = DockerInstance(self._engine, sandbox_id, created["Id"], t0)
+        instance = DockerInstance(
+            self._engine, sandbox_id, created["Id"], t0, tls.fingerprint if tls is not None else None
+        )
         instance.mark("created")
         try:
             try:
@@ -609,12 +623,13 @@ class DockerBackend:
     async def _wait_ready(self, instance: DockerInstance) -> None:
         """Poll /healthz on the published port, failing as soon as the container stops."""
         info = await self._engine.inspect(instance.container_id)
+        scheme = "http" if instance.fingerprint is None else "https"
         if self.config.network:
             bindings = (info.network_settings.ports or {}).get(f"{self.config.executor_port}/tcp") or []
             port = next((b.host_port for b in bindings if b.host_port), None)
             if port is None:
                 raise await self._died(instance)
-            instance.base_url = f"http://127.0.0.1:{port}"
+            instance.base_url = f"{scheme}://127.0.0.1:{port}"
         else:
             # Nothing is published on an internal network: the executor is reached on the
             # bridge, an interface of this host that only its sandboxes share, at the
@@ -623,7 +638,7 @@ class DockerBackend:
             address = next((e.ip_address for e in endpoints if e.ip_address), None)
             if address is None:
                 raise await self._died(instance)
-            instance.base_url = f"http://{address}:{self.config.executor_port}"
+            instance.base_url = f"{scheme}://{address}:{self.config.executor_port}"
         stopped = asyncio.ensure_future(self._engine.wait(instance.container_id))
         try:
             for delay in _retry.poll_delays():
@@ -632,7 +647,9 @@ class DockerBackend:
                 # Until the executor listens, the port proxy accepts and then hangs up.
                 with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):
                     async with self._http.get(
-                        f"{instance.base_url}/healthz", timeout=aiohttp.ClientTimeout(total=2.0)
+                        f"{instance.base_url}/healthz",
+                        timeout=aiohttp.ClientTimeout(total=2.0),
+                        ssl=pin(instance.fingerprint),
                     ) as resp:
                         if resp.status == 200:
                             return

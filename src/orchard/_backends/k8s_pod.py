@@ -16,6 +16,7 @@ from typing import Any
 import msgspec
 
 from .._spec import SandboxSpec
+from .._tls import ENV as TLS_ENV
 
 MANAGED_BY = "app.kubernetes.io/managed-by"
 SANDBOX_LABEL = "orchard.dev/sandbox"
@@ -292,13 +293,15 @@ def pod_manifest(
     ephemeral_storage: str | None = None,
     runtime_volume_limit: str | None = None,
     user_namespaces: bool = False,
+    tls_pem: str | None = None,
 ) -> dict[str, Any]:
     """The Pod for one sandbox.
 
     An init container from the injector image copies the executor runtime
     into an emptyDir (``install``); the task image's command is replaced by
     ``launcher``, which needs nothing from the image. The pod carries only
-    the token's SHA-256, never the token, and no service-account token.
+    the token's SHA-256, never the token, and no service-account token; with
+    ``tls_pem``, the executor's own TLS key and certificate (see ``orchard._tls``).
     ``owner`` (the client session's Lease) makes Kubernetes delete the pod
     when the session's Lease goes.
 
@@ -324,6 +327,8 @@ def pod_manifest(
             resources.setdefault("requests", {})[key] = _quantity(value)
             resources.setdefault("limits", {})[key] = _quantity(value)
     env = [{"name": "ORCHARD_EXECUTOR_TOKEN_SHA256", "value": token_sha256}]
+    if tls_pem:
+        env.append({"name": TLS_ENV, "value": tls_pem})
     env += [{"name": k, "value": v} for k, v in spec.env.items()]
     args = [f"--port={port}"]
     if spec.idle_timeout is not None:
@@ -338,7 +343,12 @@ def pod_manifest(
         "args": args,
         "env": env,
         "ports": [{"name": "executor", "containerPort": port, "protocol": "TCP"}],
-        "readinessProbe": {"httpGet": {"path": "/healthz", "port": port}, "periodSeconds": 2, "failureThreshold": 1},
+        # The kubelet does not verify an HTTPS probe's certificate: a TLS executor is probed over TLS.
+        "readinessProbe": {
+            "httpGet": {"path": "/healthz", "port": port, "scheme": "HTTPS" if tls_pem else "HTTP"},
+            "periodSeconds": 2,
+            "failureThreshold": 1,
+        },
         "volumeMounts": [{"name": BUNDLE_VOLUME, "mountPath": bundle_path, "readOnly": True}],
     }
     if spec.workdir:

@@ -22,6 +22,7 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait
 
 from .. import _retry
 from .._spec import SandboxSpec
+from .._tls import Identity, pin
 from ..errors import ConfigError, OrchardError, SandboxLost, SandboxStartError, SandboxTimeout
 from . import KubernetesConfig, bundle
 from .k8s_pod import (
@@ -159,6 +160,7 @@ class KubernetesBackend:
     """Pods on a Kubernetes cluster, created and watched through the API server."""
 
     name = "kubernetes"
+    tls = True
 
     def __init__(self, config: KubernetesConfig, *, session_id: str, http: aiohttp.ClientSession | None = None) -> None:
         self.config = config
@@ -340,7 +342,9 @@ class KubernetesBackend:
         if tracked is not None:
             tracked.update(Phase("failed", "Deleted", "the pod was deleted"))
 
-    async def start(self, spec: SandboxSpec, *, sandbox_id: str, token_sha256: str) -> KubernetesInstance:
+    async def start(
+        self, spec: SandboxSpec, *, sandbox_id: str, token_sha256: str, tls: Identity | None = None
+    ) -> KubernetesInstance:
         """Create the pod and return when its executor answers at the pod IP."""
         await self._connect()
         assert self._watch_ready is not None
@@ -358,8 +362,11 @@ class KubernetesBackend:
             port=self.config.executor_port,
             created_at=time.time(),
             owner=self._owner,
+            tls_pem=tls.pem if tls is not None else None,
             **pod_options(self.config),
         )
+        ssl = pin(tls.fingerprint if tls is not None else None)
+        scheme = "http" if tls is None else "https"
         tracked = _Tracked(sandbox_id)
         self._tracked[sandbox_id] = tracked
         forward: PortForward | None = None
@@ -367,18 +374,18 @@ class KubernetesBackend:
             await self._create(manifest)
             tracked.mark("created")
             ip = await self._wait_running(tracked, spec.start_timeout)
-            base_url = f"http://{ip}:{self.config.executor_port}"
+            base_url = f"{scheme}://{ip}:{self.config.executor_port}"
             if self.transport == "auto":
                 # Pod IPs answer from inside the cluster network; from elsewhere, tunnel.
-                if await self._answers(base_url, min(3.0, spec.start_timeout)):
+                if await self._answers(base_url, min(3.0, spec.start_timeout), ssl):
                     self.transport = "direct"
                 else:
                     self.transport = "port-forward"
                     log.info("pod IPs are not reachable from here: using port-forward through the API server")
             if self.transport == "port-forward":
                 forward = PortForward(self._ws_core, self.config.namespace, sandbox_id, self.config.executor_port)
-                base_url = await forward.start()
-            await self._wait_executor(tracked, base_url, spec.start_timeout)
+                base_url = scheme + (await forward.start()).removeprefix("http")
+            await self._wait_executor(tracked, base_url, spec.start_timeout, ssl)
         except BaseException:
             if forward is not None:
                 await forward.close()
@@ -386,12 +393,14 @@ class KubernetesBackend:
             raise
         return KubernetesInstance(self, tracked, base_url, forward)
 
-    async def _answers(self, base_url: str, within: float) -> bool:
+    async def _answers(self, base_url: str, within: float, ssl: aiohttp.Fingerprint | bool) -> bool:
         """Whether the pod IP is routable from here (refused counts: the executor is still starting)."""
         deadline = time.monotonic() + within
         while time.monotonic() < deadline:
             try:
-                async with self._pool.get(f"{base_url}/healthz", timeout=aiohttp.ClientTimeout(total=0.5)) as resp:
+                async with self._pool.get(
+                    f"{base_url}/healthz", timeout=aiohttp.ClientTimeout(total=0.5), ssl=ssl
+                ) as resp:
                     return resp.status == 200
             except aiohttp.ClientConnectorError as exc:
                 if isinstance(exc.os_error, ConnectionRefusedError):
@@ -451,7 +460,9 @@ class KubernetesBackend:
             )
         return tracked.running.result()
 
-    async def _wait_executor(self, tracked: _Tracked, base_url: str, timeout: float) -> None:
+    async def _wait_executor(
+        self, tracked: _Tracked, base_url: str, timeout: float, ssl: aiohttp.Fingerprint | bool
+    ) -> None:
         """Poll the executor's /healthz at the pod IP (milliseconds, no API server)."""
         deadline = tracked.t0 + timeout
         for delay in _retry.poll_delays():
@@ -463,7 +474,9 @@ class KubernetesBackend:
                     reason=phase.reason,
                 )
             with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):
-                async with self._pool.get(f"{base_url}/healthz", timeout=aiohttp.ClientTimeout(total=1.0)) as resp:
+                async with self._pool.get(
+                    f"{base_url}/healthz", timeout=aiohttp.ClientTimeout(total=1.0), ssl=ssl
+                ) as resp:
                     if resp.status == 200:
                         tracked.mark("executor_ready")
                         return

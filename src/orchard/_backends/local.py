@@ -38,6 +38,7 @@ import msgspec
 import orchard_executor
 
 from .._spec import SandboxSpec
+from .._tls import Identity
 from ..errors import ConfigError, OrchardError, SandboxLost, SandboxStartError, SandboxTimeout, UnisolatedWarning
 from . import LocalConfig
 
@@ -490,6 +491,8 @@ class LocalBackend:
     """Runs each sandbox's executor as a child of this process."""
 
     name = "local"
+    #: Its executors are on a unix socket or loopback: nothing crosses a network.
+    tls = False
 
     def __init__(self, config: LocalConfig) -> None:
         self._python = config.python or sys.executable
@@ -552,8 +555,10 @@ class LocalBackend:
             ]
         return argv
 
-    async def start(self, spec: SandboxSpec, *, sandbox_id: str, token_sha256: str) -> LocalInstance:
-        """Start an executor process and wait for its ready line."""
+    async def start(
+        self, spec: SandboxSpec, *, sandbox_id: str, token_sha256: str, tls: Identity | None = None
+    ) -> LocalInstance:
+        """Start an executor process and wait for its ready line (``tls`` is unused: see ``tls``)."""
         t0 = time.monotonic()
         if spec.workdir and not os.path.isabs(spec.workdir):
             raise ConfigError(f"workdir={spec.workdir!r} must be an absolute path")
