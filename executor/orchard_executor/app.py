@@ -204,7 +204,8 @@ async def _body(request: web.Request, type_: type[T]) -> T:
         raw = await asyncio.wait_for(request.read(), BODY_TIMEOUT)
     except web.HTTPRequestEntityTooLarge:
         raise ExecutorError(
-            "bad_request", f"a {type_.__name__} body is limited to {MAX_BODY} bytes (send large stdin as a file)"
+            "bad_request",
+            f"a {type_.__name__} body is limited to {MAX_BODY} bytes (stream a large stdin as a {WITH_STDIN} body)",
         ) from None
     except TimeoutError:
         raise ExecutorError("bad_request", f"the {type_.__name__} body took over {BODY_TIMEOUT:g}s") from None

@@ -9,8 +9,8 @@ Endpoints, all under ``/v1`` except ``/healthz``::
 
     GET    /healthz                          no auth, "ok"
     GET    /v1/info                          -> Info
-    POST   /v1/exec                          ExecRequest -> ExecResult
-    POST   /v1/exec/stream                   ExecRequest -> frames of StreamEvent
+    POST   /v1/exec                          ExecRequest (or WITH_STDIN) -> ExecResult
+    POST   /v1/exec/stream                   ExecRequest (or WITH_STDIN) -> frames of StreamEvent
     POST   /v1/processes                     ExecRequest -> ProcessStatus
     GET    /v1/processes                     -> ProcessList
     GET    /v1/processes/{id}                -> ProcessStatus
@@ -45,8 +45,12 @@ the client can hold an idle deadline on it and tell a frozen executor from
 a quiet command.
 
 Limits: structured (msgpack/JSON) bodies are at most ``MAX_BODY`` bytes
-(send more stdin as a file; raw file and tar bodies are streamed and not
-limited). Strings that reach the OS (argv, env, paths) may not hold NUL,
+(raw file and tar bodies are streamed and not limited). An exec streams a
+stdin of any size as a ``WITH_STDIN`` body: its ``ExecRequest`` (without
+``stdin`` or ``request_id``, since a stream cannot be replayed) as one frame,
+then the stdin, fed to the command as it reads; a command that exits leaves
+the rest unread (the connection closes after the reply), and a body that
+breaks off kills the command. Strings that reach the OS (argv, env, paths) may not hold NUL,
 env names may not hold ``=``; timeouts are finite and positive, modes are
 within 0..0o7777 and carry setuid/setgid bits only when asked
 (``setid=1``, ``MkdirRequest.setid``); a bad value is a 400 ``bad_request``.
