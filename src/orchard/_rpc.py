@@ -27,6 +27,7 @@ from orchard_executor.protocol import (
     FRAME_HEADER,
     MAX_FRAME,
     MSGPACK,
+    WITH_STDIN,
     ByteFrame,
     DataFrame,
     EndFrame,
@@ -38,6 +39,7 @@ from orchard_executor.protocol import (
     StreamEvent,
     decode,
     encode,
+    frame,
 )
 
 from . import _retry, _tls
@@ -80,6 +82,8 @@ class _Source:
     def __init__(self, chunks: AsyncIterable[bytes]) -> None:
         self._chunks = chunks
         self.error: Exception | None = None
+        #: Called when the source fails (aiohttp does not fail a reply already under way).
+        self.on_error: Callable[[], None] | None = None
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         try:
@@ -87,7 +91,17 @@ class _Source:
                 yield chunk
         except Exception as exc:
             self.error = exc
+            if self.on_error is not None:
+                self.on_error()
             raise
+
+
+async def with_stdin(request: object, stdin: AsyncIterable[bytes]) -> AsyncIterator[bytes]:
+    """A ``WITH_STDIN`` body: the request struct as one frame, then the stdin chunks (empty ones dropped)."""
+    yield frame(request)
+    async for chunk in stdin:
+        if chunk:
+            yield chunk
 
 
 class _Flight:
@@ -323,10 +337,11 @@ class ExecutorClient:
         params: Mapping[str, str],
         content_type: str,
         timeout: float | None = 0.0,
+        limit: int = MAX_REPLY,
     ) -> T:
         """A request with a raw (possibly streamed) body; retried only if it is bytes.
 
-        The reply deadline starts once the body is sent; ``timeout`` is as for ``call``.
+        The reply deadline starts once the body is sent; ``timeout`` and ``limit`` are as for ``call``.
         """
         source = None if body is None or isinstance(body, bytes) else _Source(body)
 
@@ -342,7 +357,7 @@ class ExecutorClient:
                     timeout=self._timeout(timeout),
                     ssl=self._ssl,
                 ) as resp:
-                    return await self._reply(resp, result, MAX_REPLY)
+                    return await self._reply(resp, result, limit)
             except _retry.TRANSIENT:
                 # aiohttp reports a failing body as a broken connection; the sandbox is fine.
                 if source is not None and source.error is not None:
@@ -415,21 +430,33 @@ class ExecutorClient:
         except (*_retry.TRANSIENT, EOFError) as exc:
             raise await self._lost(exc) from exc
 
-    async def frames(self, path: str, body: object, timeout: float | None) -> AsyncIterator[OutputEvent | ExitEvent]:
+    async def frames(
+        self, path: str, body: object, timeout: float | None, *, stdin: AsyncIterable[bytes] | None = None
+    ) -> AsyncIterator[OutputEvent | ExitEvent]:
         """A POST whose reply is a stream of framed events: heartbeats dropped, an error frame raised.
 
         ``timeout`` is the command's own; the stream's deadline is
-        ``stream_idle_timeout`` of silence, which heartbeats prevent.
+        ``stream_idle_timeout`` of silence, which heartbeats prevent. With
+        ``stdin``, the body is ``WITH_STDIN``: ``body`` framed, then ``stdin``
+        streamed; an exception ``stdin`` raises is raised as itself.
         """
         self._check_open()
+        source = None if stdin is None else _Source(with_stdin(body, stdin))
+        headers = self._headers if source is None else self._headers | {"Content-Type": WITH_STDIN}
         try:
             async with self._session.post(
                 self._base + path,
-                data=encode(body),
-                headers=self._headers,
+                data=encode(body) if source is None else source,
+                headers=headers,
                 timeout=self._stream_timeout(),
                 ssl=self._ssl,
             ) as resp:
+                if source is not None:
+                    # The stdin may fail while the reply streams in: the connection is then closed,
+                    # which ends the reply here and kills the command there.
+                    source.on_error = resp.close
+                    if source.error is not None:
+                        resp.close()
                 if resp.status >= 400:
                     await self._raise_for(resp)
                 async for event in self._decoded(resp, _STREAM_EVENT):
@@ -440,7 +467,12 @@ class ExecutorClient:
         except aiohttp.ServerTimeoutError:
             raise self._silent() from None
         except (*_retry.TRANSIENT, EOFError) as exc:
+            # aiohttp reports a failing body as a broken connection; the sandbox is fine.
+            if source is not None and source.error is not None:
+                raise source.error from None
             raise await self._lost(exc) from exc
+        if source is not None and source.error is not None:
+            raise source.error
 
     def _check_open(self) -> None:
         if self.closed or self._session.closed:
