@@ -120,7 +120,8 @@ def hmac_cost(reps: int, body: bytes) -> float:
         sig = hmac.new(key, msg, "sha256").digest()
         # The executor: hash the body it received, check the signature, refuse a nonce seen before.
         check = hmac.new(key, b"\n".join([b"POST", b"/v1/exec", hashlib.sha256(body).digest(), stamp, nonce]), "sha256")
-        assert hmac.compare_digest(sig, check.digest()) and nonce not in seen
+        if not hmac.compare_digest(sig, check.digest()) or nonce in seen:
+            raise AssertionError("the reference verifier refused a sound request")
         seen.add(nonce)
     return (time.perf_counter() - t0) / reps
 

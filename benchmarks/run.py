@@ -12,6 +12,7 @@ Parts, each also a script of its own (see its docstring):
 - ``startup``   bench_startup.py: create-to-ready phases at N=1 and N=50
 - ``lifecycle`` bench_lifecycle.py: the published protocol on kubernetes, local and docker
 - ``scale``     bench_scale.py: the protocol at N=100, 1000, 5000 and 10000 on KWOK fake nodes
+- ``tls``       bench_tls.py: TLS to the executor vs plain HTTP on docker, and HMAC signing's cost
 
 Results go to benchmarks/results/NAME.json, plots to benchmarks/results/*.png.
 """
@@ -30,7 +31,7 @@ import bench_scale
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
-PARTS = ("local", "executor", "exec", "startup", "lifecycle", "scale")
+PARTS = ("local", "executor", "exec", "startup", "lifecycle", "scale", "tls")
 IMAGE = "orchard-test/swe:latest"  # Debian with python3: the protocol's first command needs it
 
 
@@ -94,6 +95,8 @@ def main() -> None:
                 print(f"scale: N={sizes[-1]} left out, it needs ulimit -Hn of {bench_scale.fds_needed(sizes[-1])}")
                 sizes.pop()
             python("benchmarks/bench_scale.py", kube, json_out, *(f"-n{n}" for n in sizes))
+        elif part == "tls":
+            python("benchmarks/bench_tls.py", json_out, *(["--reps=100", "--mib=16"] if args.quick else []))
         timings[part] = time.monotonic() - t0
         print(f"== {part}: {timings[part]:.0f} s", flush=True)
     if not args.quick:
