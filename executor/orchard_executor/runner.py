@@ -266,8 +266,8 @@ class _Feeder:
     command, which must not take a cut stdin for a whole one.
     """
 
-    def __init__(self, fd: int, source: bytes | AsyncIterable[bytes], pid: int) -> None:
-        self._pid = pid
+    def __init__(self, fd: int, source: bytes | AsyncIterable[bytes], child: Child) -> None:
+        self._child = child
         #: Why the source failed, if it did.
         self.error: BaseException | None = None
         self.task = asyncio.create_task(self._run(fd, source))
@@ -292,7 +292,8 @@ class _Feeder:
             pass  # the command closed its stdin: what it did not read is dropped
         except Exception as exc:
             self.error = exc
-            kill_tree(self._pid)
+            if self._child.returncode is None:  # a reaped command's pid may already be another's
+                kill_tree(self._child.pid)
         finally:
             os.close(fd)
 
@@ -378,7 +379,7 @@ async def start(
     finally:
         for fd in (out_w, err_w, in_r):
             os.close(fd)
-    feeder = None if stdin is None or in_w < 0 else _Feeder(in_w, stdin, child.pid)
+    feeder = None if stdin is None or in_w < 0 else _Feeder(in_w, stdin, child)
     return Running(child, _Pipes({out_r: "stdout", err_r: "stderr"}, sink), timeout, started, feeder)
 
 
