@@ -12,13 +12,15 @@ from typing import Any
 
 import aiohttp
 
-from . import _tls
+from orchard_executor.protocol import Info
+
+from . import _handle, _tls
 from ._backends import BackendConfig, build_backend, make_config
 from ._backends.base import Backend
 from ._rpc import LIVENESS_TIMEOUT, READ_TIMEOUT, ExecutorClient
 from ._sandbox import Sandbox
 from ._spec import make_spec
-from .errors import ConfigError, SandboxClosed
+from .errors import ConfigError, InvalidHandle, OrchardError, SandboxClosed, SandboxTimeout
 
 
 class Client:
@@ -136,7 +138,100 @@ class Client:
             self._live.pop(sandbox_id, None)
             await instance.delete()
 
-        sb = Sandbox(sandbox_id=sandbox_id, spec=sandbox_spec, rpc=rpc, timings=timings, close=close)
+        fields = _handle.HandleFields(
+            backend=backend.name,
+            sandbox_id=sandbox_id,
+            token=token,
+            image=sandbox_spec.image,
+            fingerprint=tls.fingerprint if tls is not None else None,
+            **instance.describe(),
+        )
+        sb = Sandbox(
+            sandbox_id=sandbox_id,
+            spec=sandbox_spec,
+            rpc=rpc,
+            timings=timings,
+            close=close,
+            handle=lambda: _handle.encode(fields),
+        )
+        self._live[sandbox_id] = sb
+        return sb
+
+    async def attach(self, handle: str, *, owner: bool = False, timeout: float = 10.0) -> Sandbox:
+        """Use a sandbox another client (another process or host) started, from its ``sb.handle()``.
+
+        No sandbox is created. The executor must answer with the handle's
+        token before this returns, so a malformed handle (``InvalidHandle``),
+        a deleted sandbox (``SandboxLost``) or a wrong token (``AuthError``)
+        fails at once, and nothing waits more than ``timeout`` seconds
+        (``SandboxTimeout``).
+
+        The sandbox stays its creator's: the creating client still deletes it
+        when it closes (or, on the local backend, when its process exits).
+        Without ``owner``, closing the attached Sandbox or this Client only
+        lets go of it. With ``owner=True`` this client deletes it too, when
+        the Sandbox or the Client closes (docker: the container; kubernetes:
+        the pod, in this Client's namespace). A local sandbox lives in the
+        process that created it, so ``owner=True`` on one is a ``ConfigError``.
+
+        Example::
+
+            handle = str(sb.handle())                  # in the creating process
+            sb2 = await client.attach(handle)          # in another process
+            print((await sb2.exec("hostname")).stdout)
+        """
+        backend, http = self._ensure_open()
+        fields = _handle.parse(handle)
+        if fields.backend != backend.name:
+            raise InvalidHandle(
+                f"the handle is for a sandbox on the {fields.backend} backend, and this Client's backend is "
+                f"{backend.name}: attach it with a Client({fields.backend!r}, ...)",
+                sandbox_id=fields.sandbox_id,
+            )
+        if fields.sandbox_id in self._live:
+            raise ConfigError(f"sandbox {fields.sandbox_id} is already open in this Client: use that Sandbox")
+        sandbox_id = fields.sandbox_id
+        try:
+            async with asyncio.timeout(timeout):
+                instance = await backend.attach(fields, owner=owner)
+                rpc = ExecutorClient(
+                    getattr(instance, "http", None) or http,
+                    instance.base_url,
+                    fields.token,
+                    sandbox_id=sandbox_id,
+                    fingerprint=fields.fingerprint,
+                    diagnose=instance.diagnose,
+                    read_timeout=self._read_timeout,
+                    liveness_timeout=self._liveness_timeout,
+                )
+                try:
+                    await rpc.call("GET", "/v1/info", Info)  # the token is right and the executor alive
+                except BaseException:
+                    rpc.close("attach failed")
+                    await asyncio.shield(instance.delete())  # lets go (deletes nothing unless owner)
+                    raise
+        except TimeoutError as exc:
+            if isinstance(exc, OrchardError):
+                raise
+            raise SandboxTimeout(
+                f"sandbox {sandbox_id}: attach did not complete within timeout={timeout:g}s", sandbox_id=sandbox_id
+            ) from None
+        if self._closed:
+            await instance.delete()
+            raise SandboxClosed("this Client was closed while the sandbox was being attached", sandbox_id=sandbox_id)
+
+        async def close() -> None:
+            self._live.pop(sandbox_id, None)
+            await instance.delete()
+
+        sb = Sandbox(
+            sandbox_id=sandbox_id,
+            spec=make_spec(fields.image or "local", {}),
+            rpc=rpc,
+            timings={},
+            close=close,
+            handle=lambda: _handle.encode(fields),
+        )
         self._live[sandbox_id] = sb
         return sb
 

@@ -37,9 +37,10 @@ from orchard_executor.protocol import (
     WaitRequest,
 )
 
+from ._handle import Handle
 from ._rpc import MAX_REPLY, REPLY_SLACK, ExecutorClient, with_stdin
 from ._spec import SandboxSpec
-from .errors import PathNotFound, SandboxLost, UnsafeArchive
+from .errors import OrchardError, PathNotFound, SandboxLost, UnsafeArchive
 
 Command = str | Sequence[str]
 Data = bytes | str | AsyncIterable[bytes]
@@ -216,6 +217,7 @@ class Sandbox:
         rpc: ExecutorClient,
         timings: dict[str, float],
         close: Callable[[], Awaitable[None]],
+        handle: Callable[[], Handle] | None = None,
     ) -> None:
         self.id = sandbox_id
         self.spec = spec
@@ -224,6 +226,7 @@ class Sandbox:
         self._rpc = rpc
         self._close = close
         self._closed = False
+        self._handle = handle
 
     def __repr__(self) -> str:
         return f"<Sandbox {self.id} image={self.spec.image!r}>"
@@ -233,8 +236,22 @@ class Sandbox:
         """The image the sandbox was started from."""
         return self.spec.image
 
+    def handle(self) -> Handle:
+        """A string another process (or host) gives to ``Client.attach`` to use this sandbox.
+
+        It carries the sandbox's token, so it is a secret: whoever has it can
+        run commands here. Its ``repr`` hides the token; never log its ``str``.
+        See ``Client.attach`` for who deletes the sandbox then.
+        """
+        if self._handle is None:
+            raise OrchardError(f"sandbox {self.id} was not made by a Client, so it has no handle", sandbox_id=self.id)
+        return self._handle()
+
     async def aclose(self) -> None:
         """Delete the sandbox and everything running in it; safe to call twice.
+
+        A sandbox attached without ``owner=True`` is not deleted: only this
+        client's connection to it is closed.
 
         Calls still in flight (an ``exec`` of another task, say) fail at once
         with ``SandboxClosed``; their commands are killed with the sandbox.

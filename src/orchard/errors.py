@@ -23,6 +23,13 @@ class ConfigError(OrchardError, ValueError):
     """A client or sandbox option is invalid; the message names the option."""
 
 
+class InvalidHandle(OrchardError, ValueError):
+    """A sandbox handle given to ``Client.attach`` is malformed, or not for this Client's backend.
+
+    The message never repeats the handle: it carries the sandbox's token.
+    """
+
+
 class SandboxStartError(OrchardError, RuntimeError):
     """A sandbox could not be started (bad image, dead at start, no capacity)."""
 

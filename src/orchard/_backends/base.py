@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
+from .._handle import HandleFields
 from .._spec import SandboxSpec
 from .._tls import Identity
 from ..errors import OrchardError
@@ -27,7 +28,15 @@ class Instance(Protocol):
         ...
 
     async def delete(self) -> None:
-        """End the sandbox and free everything it held; safe to call twice."""
+        """End the sandbox and free everything it held; safe to call twice.
+
+        For a sandbox attached without ``owner``, only let go of it: free what
+        this process holds (sessions, a port-forward) and leave it running.
+        """
+        ...
+
+    def describe(self) -> dict[str, Any]:
+        """How another process reaches its executor: ``HandleFields`` values (url, socket, namespace, ...)."""
         ...
 
 
@@ -49,6 +58,20 @@ class Backend(Protocol):
         Raises:
             SandboxStartError: it cannot start (the reason says why).
             SandboxTimeout: it was not ready within ``spec.start_timeout``.
+        """
+        ...
+
+    async def attach(self, handle: HandleFields, *, owner: bool) -> Instance:
+        """Reach a sandbox another client started, from its handle; create nothing.
+
+        Checks that the sandbox exists and that what answers at its address
+        is its executor (pinned certificate, socket inode), but sends no
+        request with the token: the Client does that.
+
+        Raises:
+            SandboxLost: the sandbox was deleted or has ended.
+            ConfigError: the handle needs options this Client lacks.
+            ProtocolError: something else took the executor's place.
         """
         ...
 

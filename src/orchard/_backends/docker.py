@@ -43,10 +43,11 @@ from typing import Any
 import aiohttp
 
 from .. import _retry
+from .._handle import HandleFields
 from .._spec import SandboxSpec
 from .._tls import ENV as TLS_ENV
 from .._tls import Identity, pin
-from ..errors import ConfigError, OrchardError, SandboxLost, SandboxStartError, SandboxTimeout
+from ..errors import ConfigError, InvalidHandle, OrchardError, SandboxLost, SandboxStartError, SandboxTimeout
 from . import DockerConfig
 from .bundle import MOUNT, install, launcher
 from .docker_engine import ContainerSummary, DockerError, Engine, Network
@@ -333,6 +334,8 @@ class DockerInstance:
         self.fingerprint = fingerprint
         self.timings: dict[str, float] = {}
         self._t0 = t0
+        #: False for a sandbox attached without ``owner``: ``delete`` then leaves the container be.
+        self.owned = True
         self._deleted = False
         self._expired = False
         self._ttl: asyncio.TimerHandle | None = None
@@ -399,6 +402,10 @@ class DockerInstance:
         reason, message = fate
         return SandboxLost(f"sandbox {self.id}: {message}", sandbox_id=self.id, reason=reason)
 
+    def describe(self) -> dict[str, Any]:
+        """Its executor's address (``HandleFields``)."""
+        return {"url": self.base_url}
+
     async def delete(self) -> None:
         """Remove the container (killing everything in it); safe to call twice."""
         if self._deleted:
@@ -406,7 +413,8 @@ class DockerInstance:
         self._deleted = True
         if self._ttl is not None:
             self._ttl.cancel()
-        await self._engine.remove(self.container_id)
+        if self.owned:
+            await self._engine.remove(self.container_id)
 
 
 class DockerBackend:
@@ -659,6 +667,27 @@ class DockerBackend:
             await asyncio.wait([stopped])
             if not stopped.cancelled():
                 stopped.exception()  # retrieved: a wait that failed is not an error here
+
+    async def attach(self, handle: HandleFields, *, owner: bool) -> DockerInstance:
+        """The running sandbox container the handle names, on this Client's engine."""
+        sid = handle.sandbox_id
+        try:
+            info = await self._engine.inspect(sid)
+        except DockerError as exc:
+            if exc.status != 404:
+                raise
+            raise SandboxLost(
+                f"sandbox {sid}: no such container: it was deleted", sandbox_id=sid, reason="removed"
+            ) from None
+        labels = info.config.labels or {}
+        if labels.get(ROLE_LABEL) != "sandbox" or labels.get(SANDBOX_LABEL) != sid:
+            raise InvalidHandle(f"container {sid} on this Docker engine is not an Orchard sandbox", sandbox_id=sid)
+        instance = DockerInstance(self._engine, sid, info.id, time.monotonic(), handle.fingerprint)
+        instance.base_url = handle.url
+        instance.owned = owner
+        if not info.state.running:
+            raise await instance.diagnose() or SandboxLost(f"sandbox {sid} has ended", sandbox_id=sid)
+        return instance
 
     async def aclose(self) -> None:
         """Close the Engine API session (sandboxes are deleted by the client)."""

@@ -21,9 +21,10 @@ import msgspec
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_random_exponential
 
 from .. import _retry
+from .._handle import HandleFields
 from .._spec import SandboxSpec
 from .._tls import Identity, pin
-from ..errors import ConfigError, OrchardError, SandboxLost, SandboxStartError, SandboxTimeout
+from ..errors import ConfigError, InvalidHandle, OrchardError, SandboxLost, SandboxStartError, SandboxTimeout
 from . import KubernetesConfig, bundle
 from .k8s_pod import (
     IMAGE_ANNOTATION,
@@ -125,7 +126,14 @@ class KubernetesInstance:
     """A running sandbox pod."""
 
     def __init__(
-        self, backend: KubernetesBackend, tracked: _Tracked, base_url: str, forward: PortForward | None
+        self,
+        backend: KubernetesBackend,
+        tracked: _Tracked,
+        base_url: str,
+        forward: PortForward | None,
+        *,
+        attached: bool = False,
+        owned: bool = True,
     ) -> None:
         self._backend = backend
         self._tracked = tracked
@@ -133,12 +141,31 @@ class KubernetesInstance:
         self.name = tracked.name
         self.base_url = base_url
         self.timings = tracked.timings
+        #: Another client's pod, which this client's watch does not see; deleted only if ``owned``.
+        self._attached = attached
+        self._owned = owned
         self._deleted = False
+
+    def describe(self) -> dict[str, Any]:
+        """The executor at the pod IP, whatever this client's transport (``HandleFields``)."""
+        port = self._backend.config.executor_port
+        return {
+            "url": f"https://{self._tracked.running.result()}:{port}",
+            "namespace": self._backend.config.namespace,
+            "port": port,
+        }
 
     async def diagnose(self) -> OrchardError | None:
         """What the watch saw happen to the pod, waiting briefly for it to arrive."""
         if self._deleted:
             return SandboxLost(f"sandbox {self.name} was deleted", sandbox_id=self.name, reason="Deleted")
+        if self._attached:  # not in this client's watch: ask the API server
+            phase = await self._backend.pod_phase(self.name)
+            if phase.state == "failed":
+                return SandboxLost(
+                    f"sandbox {self.name}: {phase.reason}: {phase.message}", sandbox_id=self.name, reason=phase.reason
+                )
+            return None
         with contextlib.suppress(TimeoutError):
             phase = await asyncio.wait_for(asyncio.shield(self._tracked.failed), 3.0)
             return SandboxLost(
@@ -153,7 +180,8 @@ class KubernetesInstance:
         self._deleted = True
         if self._forward is not None:
             await self._forward.close()
-        await self._backend.delete_pod(self.name)
+        if self._owned:
+            await self._backend.delete_pod(self.name)
 
 
 class KubernetesBackend:
@@ -179,7 +207,7 @@ class KubernetesBackend:
         self._watch_ready: asyncio.Event | None = None
         self._lock = asyncio.Lock()
         #: API requests made, by verb (create, delete, list, watch).
-        self.api_requests: dict[str, int] = {"create": 0, "delete": 0, "list": 0, "watch": 0, "lease": 0}
+        self.api_requests: dict[str, int] = {"create": 0, "delete": 0, "list": 0, "watch": 0, "lease": 0, "get": 0}
 
     async def _load(self) -> None:
         """Load credentials and build the API clients."""
@@ -392,6 +420,61 @@ class KubernetesBackend:
             await asyncio.shield(self.delete_pod(sandbox_id))
             raise
         return KubernetesInstance(self, tracked, base_url, forward)
+
+    async def pod_phase(self, name: str) -> Phase:
+        """A pod's phase read from the API server (``Deleted`` if it is gone)."""
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        try:
+            resp = await self._call("get", self._core.read_namespaced_pod, name, self.config.namespace)
+            async with resp:
+                pod = _POD.decode(await resp.read())
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            return Phase("failed", "Deleted", "the pod does not exist")
+        if pod.metadata.labels.get(MANAGED_BY) != "orchard" or pod.metadata.name != name:
+            raise InvalidHandle(f"pod {name} in namespace {self.config.namespace} is not an Orchard sandbox")
+        return classify(pod)
+
+    async def attach(self, handle: HandleFields, *, owner: bool) -> KubernetesInstance:
+        """The running sandbox pod the handle names, reached by this client's own transport."""
+        name = handle.sandbox_id
+        if handle.namespace != self.config.namespace:
+            raise ConfigError(
+                f"sandbox {name} is in namespace {handle.namespace!r} and this Client's is "
+                f"{self.config.namespace!r}: attach it with Client('kubernetes', namespace={handle.namespace!r})"
+            )
+        await self._connect()
+        phase = await self.pod_phase(name)
+        if phase.state != "running" or not phase.pod_ip:
+            raise SandboxLost(
+                f"sandbox {name}: {phase.reason or phase.state}: {phase.message or 'the pod is not running'}",
+                sandbox_id=name,
+                reason=phase.reason or phase.state,
+            )
+        assert handle.port is not None
+        ssl = pin(handle.fingerprint)
+        base_url = f"https://{phase.pod_ip}:{handle.port}"
+        tracked = _Tracked(name)
+        tracked.running.set_result(phase.pod_ip)
+        forward: PortForward | None = None
+        try:
+            if self.transport == "auto":
+                if await self._answers(base_url, 3.0, ssl):
+                    self.transport = "direct"
+                else:
+                    self.transport = "port-forward"
+                    log.info("pod IPs are not reachable from here: using port-forward through the API server")
+            if self.transport == "port-forward":
+                # The creator's forward is a listener in its own process: this one makes its own.
+                forward = PortForward(self._ws_core, self.config.namespace, name, handle.port)
+                base_url = "https" + (await forward.start()).removeprefix("http")
+        except BaseException:
+            if forward is not None:
+                await forward.close()
+            raise
+        return KubernetesInstance(self, tracked, base_url, forward, attached=True, owned=owner)
 
     async def _answers(self, base_url: str, within: float, ssl: aiohttp.Fingerprint | bool) -> bool:
         """Whether the pod IP is routable from here (refused counts: the executor is still starting)."""

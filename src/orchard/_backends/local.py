@@ -30,16 +30,25 @@ import sys
 import tempfile
 import time
 import warnings
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import aiohttp
 import msgspec
 
 import orchard_executor
 
+from .._handle import HandleFields
 from .._spec import SandboxSpec
 from .._tls import Identity
-from ..errors import ConfigError, OrchardError, SandboxLost, SandboxStartError, SandboxTimeout, UnisolatedWarning
+from ..errors import (
+    ConfigError,
+    OrchardError,
+    ProtocolError,
+    SandboxLost,
+    SandboxStartError,
+    SandboxTimeout,
+    UnisolatedWarning,
+)
 from . import LocalConfig
 
 _LAUNCH = "import sys; sys.path[:0] = {paths!r}; from orchard_executor.__main__ import main; main()"
@@ -294,6 +303,9 @@ class LocalInstance:
         self.http: aiohttp.ClientSession | None = None
         self.timings: dict[str, float] = {}
         self._socket_fd: int | None = None
+        #: The executor's unix socket, and its (st_dev, st_ino), once connected.
+        self.socket: str | None = None
+        self.inode: tuple[int, int] | None = None
         self._stderr = bytearray()
         self._drain = asyncio.create_task(_tail_into(self.proc.stderr, self._stderr))
         #: The network helper (slirp4netns), and the pipe whose closing tells it to exit.
@@ -317,19 +329,25 @@ class LocalInstance:
 
         The sandbox can write the socket's directory; connecting through an
         O_PATH descriptor means a socket or symlink swapped in later is never
-        followed.
+        followed. Holding it also keeps the inode's number from being reused,
+        which is how an attaching process recognises the socket (``describe``).
         """
         fd = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
-        if not stat.S_ISSOCK(os.fstat(fd).st_mode):
+        st = os.fstat(fd)
+        if not stat.S_ISSOCK(st.st_mode):
             os.close(fd)
             raise SandboxStartError(f"sandbox {self.id}: {path} is not a socket", sandbox_id=self.id, reason="socket")
         self._socket_fd = fd
-        self.http = aiohttp.ClientSession(
-            connector=aiohttp.UnixConnector(path=f"/proc/self/fd/{fd}", limit=0, keepalive_timeout=30),
-            cookie_jar=aiohttp.DummyCookieJar(),
-            auto_decompress=False,
-        )
+        self.socket = path
+        self.inode = (st.st_dev, st.st_ino)
+        self.http = _socket_session(fd)
         self.base_url = "http://sandbox"
+
+    def describe(self) -> dict[str, Any]:
+        """Its executor's address, or its socket's path and inode (``HandleFields``)."""
+        if self._socket_fd is not None:
+            return {"url": "", "socket": self.socket, "inode": self.inode}
+        return {"url": self.base_url}
 
     async def start_network(self, slirp4netns: str, info: BinaryIO) -> None:
         """Give the sandbox a user-mode network from slirp4netns, configured when this returns.
@@ -485,6 +503,93 @@ class LocalInstance:
             os.close(self._socket_fd)
             self._socket_fd = None
         await asyncio.to_thread(_remove, self.dir)
+
+
+def _socket_session(fd: int) -> aiohttp.ClientSession:
+    """An HTTP session whose connections go to the unix socket held by the O_PATH ``fd``."""
+    return aiohttp.ClientSession(
+        connector=aiohttp.UnixConnector(path=f"/proc/self/fd/{fd}", limit=0, keepalive_timeout=30),
+        cookie_jar=aiohttp.DummyCookieJar(),
+        auto_decompress=False,
+    )
+
+
+class LocalAttachment:
+    """A local sandbox of another process, reached from this one: ``delete`` only lets go of it."""
+
+    def __init__(self, handle: HandleFields, fd: int | None = None) -> None:
+        self.id = handle.sandbox_id
+        self._handle = handle
+        self._fd = fd
+        self.http = _socket_session(fd) if fd is not None else None
+        self.base_url = "http://sandbox" if fd is not None else handle.url
+        self.timings: dict[str, float] = {}
+
+    def describe(self) -> dict[str, Any]:
+        """The handle's own address fields."""
+        return {"url": self._handle.url, "socket": self._handle.socket, "inode": self._handle.inode}
+
+    async def diagnose(self) -> OrchardError | None:
+        """Gone if its socket left its path (deleted, or its creating process ended)."""
+        path = self._handle.socket
+        if path is None:
+            return None
+        try:
+            st = os.stat(path, follow_symlinks=False)
+        except OSError:
+            st = None
+        if st is None or (st.st_dev, st.st_ino) != self._handle.inode:
+            return SandboxLost(
+                f"sandbox {self.id}: its executor socket is gone: the sandbox was deleted or the process "
+                "that created it ended",
+                sandbox_id=self.id,
+                reason="deleted",
+            )
+        return None
+
+    async def delete(self) -> None:
+        """Close this process's connections to it; the sandbox stays its creator's."""
+        if self.http is not None:
+            await self.http.close()
+            self.http = None
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def _open_socket(handle: HandleFields) -> int:
+    """An O_PATH fd of the handle's executor socket, checked to be the very one its executor made.
+
+    The sandbox can write the socket's directory, so what is at the path now
+    may be a socket of the sandbox's own, waiting for the token: only the
+    inode the creating client holds open (whose number cannot be reused while
+    it does) is accepted.
+    """
+    assert handle.socket is not None
+    sid = handle.sandbox_id
+    try:
+        fd = os.open(handle.socket, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise SandboxLost(
+            f"sandbox {sid}: no executor socket at {handle.socket}: the sandbox was deleted, or the process "
+            "that created it ended (a local sandbox lives in its creating process)",
+            sandbox_id=sid,
+            reason="deleted",
+        ) from None
+    except OSError as exc:
+        raise ConfigError(
+            f"sandbox {sid}: cannot open its executor socket {handle.socket} ({exc.strerror}): attach a local "
+            "sandbox as the user that created it, on the same machine"
+        ) from None
+    st = os.fstat(fd)
+    if not stat.S_ISSOCK(st.st_mode) or (st.st_dev, st.st_ino) != handle.inode:
+        os.close(fd)
+        raise ProtocolError(
+            f"sandbox {sid}: {handle.socket} is not its executor's socket (something in the sandbox replaced "
+            "it); the token was not sent",
+            sandbox_id=sid,
+        )
+    return fd
 
 
 class LocalBackend:
@@ -688,6 +793,18 @@ class LocalBackend:
             )
         port: int = json.loads(line)["port"]
         return port
+
+    async def attach(self, handle: HandleFields, *, owner: bool) -> LocalAttachment:
+        """Reach a sandbox another process of this user started on this machine (its socket or port)."""
+        if owner:
+            raise ConfigError(
+                f"attach(owner=True): local sandbox {handle.sandbox_id} lives in the process that created it "
+                "(it ends when that process closes it or exits), so it cannot be handed over; attach it "
+                "with owner=False"
+            )
+        if handle.socket is None:
+            return LocalAttachment(handle)
+        return LocalAttachment(handle, _open_socket(handle))
 
     async def aclose(self) -> None:
         """Nothing to release: sandboxes are deleted by the client."""
