@@ -130,7 +130,8 @@ def test_validation_rejects_wrong_types_and_unknown_error_codes() -> None:
 def test_request_defaults() -> None:
     req = p.decode(p.encode({"cmd": "true"}), p.ExecRequest)
     assert req.max_output is None  # each endpoint's own default (DEFAULT_MAX_OUTPUT for an exec)
-    assert req.shell == "/bin/sh"
+    assert req.shell is None  # /bin/sh, or with login bash where there is one
+    assert (req.login, req.merge_output) == (False, False)
     assert req.stdin is None
     assert req.timeout is None
     assert req.request_id is None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 
@@ -133,5 +134,29 @@ def test_build_argv_keeps_a_list_as_is() -> None:
 def test_build_argv_rejects_an_empty_list() -> None:
     with pytest.raises(ExecutorError) as info:
         build_argv([], "/bin/sh")
+    with pytest.raises(ExecutorError):
+        build_argv([], None, login=True)
     assert info.value.error.code == "bad_request"
     assert info.value.status == 400
+
+
+def test_build_argv_defaults_to_sh_without_login() -> None:
+    assert build_argv("x", None) == ["/bin/sh", "-c", "x"]
+
+
+def test_build_argv_login_prefers_bash_on_the_path_and_falls_back_to_sh(tmp_path: Path) -> None:
+    with_bash, without = tmp_path / "with", tmp_path / "without"
+    with_bash.mkdir()
+    without.mkdir()
+    bash = with_bash / "bash"
+    bash.write_text("")
+    bash.chmod(0o755)
+    assert build_argv("x", None, login=True, path=str(with_bash)) == [str(bash), "-l", "-c", "x"]
+    assert build_argv("x", None, login=True, path=str(without)) == ["/bin/sh", "-l", "-c", "x"]
+    # A named shell is used as named.
+    assert build_argv("x", "zsh", login=True, path=str(with_bash)) == ["zsh", "-l", "-c", "x"]
+
+
+def test_build_argv_login_passes_a_list_as_positional_parameters() -> None:
+    built = build_argv(["printf", "%s", "a b", "$X"], "/bin/sh", login=True)
+    assert built == ["/bin/sh", "-l", "-c", 'exec "$@"', "/bin/sh", "printf", "%s", "a b", "$X"]

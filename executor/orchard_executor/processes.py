@@ -186,7 +186,8 @@ class ProcessTable:
     async def start(self, request: ExecRequest, *, cwd: str, env: dict[str, str]) -> BackgroundProcess:
         """Start a command whose output is drained into capped files, stdin left open."""
         id_ = secrets.token_hex(8)
-        argv = build_argv(request.cmd, request.shell)
+        env = env if request.env is None else env | request.env
+        argv = build_argv(request.cmd, request.shell, login=request.login, path=env.get("PATH"))
         cap = self._max_output if request.max_output is None else request.max_output
         paths = {name: os.path.join(self._dir, f"{id_}.{name}") for name in ("stdout", "stderr")}
         # Every fd that is ours stays ours until handed on: the drains then own the pipes' read ends and the files.
@@ -205,10 +206,11 @@ class ProcessTable:
             child = Child(
                 argv,
                 cwd=request.cwd or cwd,
-                env=env if request.env is None else env | request.env,
+                env=env,
                 stdin=in_r,
                 stdout=out_w,
-                stderr=err_w,
+                # Merged: stderr shares the stdout pipe, and the stderr drain sees its end at once.
+                stderr=out_w if request.merge_output else err_w,
             )
         except BaseException:
             for fd in owned:

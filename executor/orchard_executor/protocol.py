@@ -156,8 +156,16 @@ class ExecRequest(msgspec.Struct, kw_only=True):
     #: ``DEFAULT_MAX_OUTPUT``); a background process the first bytes, in a file
     #: (default: the executor's cap, 256 MiB), the rest read and dropped.
     max_output: Count | None = None
-    #: Shell that runs a string ``cmd``, as ``shell -c cmd``.
-    shell: PathText = "/bin/sh"
+    #: Shell that runs a string ``cmd``, as ``shell -c cmd``; ``/bin/sh`` if None, and
+    #: with ``login``, ``bash`` where the command's PATH has it, else ``/bin/sh``.
+    shell: PathText | None = None
+    #: Run under a login shell, ``shell -l -c cmd``, so profile scripts (conda, a task
+    #: image's /etc/profile.d) load first. An argv list then runs exactly as given after
+    #: them, as ``shell -l -c 'exec "$@"' shell argv...`` (a missing program is exit 127).
+    login: bool = False
+    #: Send stderr into the stdout pipe, as ``2>&1`` does: one stream in true order,
+    #: returned as ``output`` (streamed as "output" events; a background process's in stdout).
+    merge_output: bool = False
     #: Makes the request idempotent: a retry returns the first run's result.
     request_id: RequestId | None = None
 
@@ -169,6 +177,8 @@ class ExecResult(msgspec.Struct, kw_only=True):
     are in ``stdout_bytes``/``stderr_bytes``. When a stream exceeded the
     request's ``max_output``, its first and last halves are kept, the
     ``*_truncated`` flag is set and ``*_total`` counts every byte produced.
+    With ``merge_output`` both streams are in ``output``/``output_bytes``
+    (same cap and flags) and ``stdout``/``stderr`` are empty.
     """
 
     exit_code: int | None
@@ -182,6 +192,10 @@ class ExecResult(msgspec.Struct, kw_only=True):
     stderr_total: int = 0
     timed_out: bool = False
     duration: float = 0.0
+    #: Stdout and stderr interleaved as produced, when the request asked for ``merge_output``.
+    output_bytes: bytes = msgspec.field(default=b"", name="output")
+    output_truncated: bool = False
+    output_total: int = 0
 
     @property
     def stdout(self) -> str:
@@ -194,15 +208,20 @@ class ExecResult(msgspec.Struct, kw_only=True):
         return self.stderr_bytes.decode("utf-8", "replace")
 
     @property
+    def output(self) -> str:
+        """The merged output (``merge_output``) decoded as UTF-8, invalid bytes replaced."""
+        return self.output_bytes.decode("utf-8", "replace")
+
+    @property
     def ok(self) -> bool:
         """True when the command exited with status 0 in time."""
         return self.exit_code == 0 and not self.timed_out
 
 
 class OutputEvent(msgspec.Struct, tag="output", kw_only=True):
-    """A chunk of a streaming exec's output, as the command produced it."""
+    """A chunk of a streaming exec's output, as the command produced it ("output" when merged)."""
 
-    stream: Literal["stdout", "stderr"]
+    stream: Literal["stdout", "stderr", "output"]
     data: bytes
 
 
@@ -316,6 +335,8 @@ class SessionExecRequest(msgspec.Struct, kw_only=True):
     stdin: bytes | None = None
     max_output: Count = DEFAULT_MAX_OUTPUT
     request_id: RequestId | None = None
+    #: As ``ExecRequest.merge_output``.
+    merge_output: bool = False
 
 
 FileType = Literal["file", "directory", "symlink", "other"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -14,7 +15,8 @@ from typing import Literal
 from .errors import ExecutorError
 from .protocol import DEFAULT_MAX_OUTPUT, ExecRequest, ExecResult
 
-StreamName = Literal["stdout", "stderr"]
+#: "output" is stdout and stderr merged in one pipe (``merge_output``).
+StreamName = Literal["stdout", "stderr", "output"]
 OutputSink = Callable[[StreamName, bytes], None]
 #: A command's stdin: bytes, or chunks as they arrive (a streamed request body).
 Stdin = bytes | AsyncIterable[bytes] | None
@@ -124,13 +126,23 @@ def kill_tree(pid: int, sig: int = signal.SIGKILL) -> None:
             os.kill(child, sig)
 
 
-def build_argv(cmd: list[str] | str, shell: str) -> list[str]:
-    """The argv to execute: a list as is, a string through ``shell -c``."""
-    if isinstance(cmd, str):
-        return [shell, "-c", cmd]
-    if not cmd:
+def build_argv(cmd: list[str] | str, shell: str | None, *, login: bool = False, path: str | None = None) -> list[str]:
+    """The argv to execute: a list as is, a string through ``shell -c`` (see ``ExecRequest.login``).
+
+    Under ``login`` with no ``shell`` named, the shell is ``bash`` if ``path``
+    (the command's PATH) has it, else ``/bin/sh``, whose ``-l`` (dash, busybox)
+    reads /etc/profile and ~/.profile.
+    """
+    if not isinstance(cmd, str) and not cmd:
         raise ExecutorError("bad_request", "cmd is an empty list")
-    return list(cmd)
+    if not login:
+        return [shell or "/bin/sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
+    if shell is None:
+        shell = shutil.which("bash", path=os.defpath if path is None else path) or "/bin/sh"
+    if isinstance(cmd, str):
+        return [shell, "-l", "-c", cmd]
+    # The list goes in as positional parameters, so the shell neither splits nor expands it.
+    return [shell, "-l", "-c", 'exec "$@"', shell, *cmd]
 
 
 def spawn_error(exc: OSError, argv: list[str], cwd: str) -> ExecutorError:
@@ -138,12 +150,12 @@ def spawn_error(exc: OSError, argv: list[str], cwd: str) -> ExecutorError:
     if not os.path.isdir(cwd):
         return ExecutorError("file_not_found", f"working directory {cwd!r} does not exist", cwd)
     if isinstance(exc, FileNotFoundError):
-        return ExecutorError(
-            "command_not_found",
-            f"{argv[0]!r} was not found in the sandbox"
-            + (" (a string cmd needs a shell; pass an argv list instead)" if argv[1:2] == ["-c"] else ""),
-            argv[0],
-        )
+        hint = ""
+        if argv[1:2] == ["-c"]:
+            hint = " (a string cmd needs a shell; pass an argv list instead)"
+        elif argv[1:3] == ["-l", "-c"]:
+            hint = " (login=True needs a shell, bash or /bin/sh, in the sandbox)"
+        return ExecutorError("command_not_found", f"{argv[0]!r} was not found in the sandbox{hint}", argv[0])
     if isinstance(exc, PermissionError):
         return ExecutorError("permission_denied", f"cannot execute {argv[0]!r}: {exc.strerror}", argv[0])
     return ExecutorError("bad_request", f"cannot execute {argv[0]!r}: {exc}", argv[0])
@@ -363,11 +375,16 @@ async def start(
     stdin: Stdin,
     timeout: float | None,
     sink: OutputSink,
+    merge: bool = False,
 ) -> Running:
-    """Start ``argv`` in a new process group, ``stdin`` fed to it, output delivered to ``sink``."""
+    """Start ``argv`` in a new process group, ``stdin`` fed to it, output delivered to ``sink``.
+
+    With ``merge``, stderr shares the stdout pipe, so the two interleave in the
+    order the command wrote them, delivered as the stream "output".
+    """
     started = time.monotonic()
     out_r, out_w = os.pipe()
-    err_r, err_w = os.pipe()
+    err_r, err_w = (-1, out_w) if merge else os.pipe()
     in_r, in_w = os.pipe() if stdin is not None and stdin != b"" else (os.open(os.devnull, os.O_RDONLY), -1)
     try:
         child = Child(argv, cwd=cwd, env=env, stdin=in_r, stdout=out_w, stderr=err_w)
@@ -377,10 +394,11 @@ async def start(
                 os.close(fd)
         raise
     finally:
-        for fd in (out_w, err_w, in_r):
+        for fd in {out_w, err_w, in_r}:
             os.close(fd)
     feeder = None if stdin is None or in_w < 0 else _Feeder(in_w, stdin, child)
-    return Running(child, _Pipes({out_r: "stdout", err_r: "stderr"}, sink), timeout, started, feeder)
+    fds: dict[int, StreamName] = {out_r: "output"} if merge else {out_r: "stdout", err_r: "stderr"}
+    return Running(child, _Pipes(fds, sink), timeout, started, feeder)
 
 
 async def run(
@@ -397,23 +415,28 @@ async def run(
     """
     # A streamed command's output goes to the sink; the buffers only count it.
     cap = 0 if sink else DEFAULT_MAX_OUTPUT if request.max_output is None else request.max_output
-    buffers = {"stdout": OutputBuffer(cap), "stderr": OutputBuffer(cap)}
+    buffers: dict[StreamName, OutputBuffer] = {"stdout": OutputBuffer(cap), "stderr": OutputBuffer(cap)}
+    if request.merge_output:
+        buffers = {"output": OutputBuffer(cap)}
 
     def capture(stream: StreamName, data: bytes) -> None:
         buffers[stream].feed(data)
         if sink is not None:
             sink(stream, data)
 
+    env = env if request.env is None else env | request.env
     running = await start(
-        build_argv(request.cmd, request.shell),
+        build_argv(request.cmd, request.shell, login=request.login, path=env.get("PATH")),
         cwd=request.cwd or cwd,
-        env=env if request.env is None else env | request.env,
+        env=env,
         stdin=request.stdin if stdin is None else stdin,
         timeout=request.timeout,
         sink=capture,
+        merge=request.merge_output,
     )
     code, sig, timed_out, duration = await running.wait()
-    out, err = buffers["stdout"], buffers["stderr"]
+    none = OutputBuffer(0)
+    out, err, both = (buffers.get(name, none) for name in ("stdout", "stderr", "output"))
     return ExecResult(
         exit_code=code,
         signal=sig,
@@ -423,6 +446,9 @@ async def run(
         stderr_truncated=sink is None and err.truncated,
         stdout_total=out.total,
         stderr_total=err.total,
+        output_bytes=both.getvalue(),
+        output_truncated=sink is None and both.truncated,
+        output_total=both.total,
         timed_out=timed_out,
         duration=duration,
     )

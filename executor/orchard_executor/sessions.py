@@ -93,6 +93,7 @@ class Session:
                     stdin=request.stdin,
                     timeout=request.timeout,
                     max_output=request.max_output,
+                    merge_output=request.merge_output,
                 ),
                 cwd=self.cwd,
                 env=self.env,

@@ -14,7 +14,7 @@ import aiohttp
 
 from orchard_executor.protocol import Info
 
-from . import _handle, _tls
+from . import _handle, _tls, _trace
 from ._backends import BackendConfig, build_backend, make_config
 from ._backends.base import Backend
 from ._rpc import LIVENESS_TIMEOUT, READ_TIMEOUT, ExecutorClient
@@ -100,13 +100,26 @@ class Client:
             self._backend = build_backend(self.config, session_id=self.session_id, http=self._http)
         return self._backend, self._http
 
-    async def create(self, image: str = "local", **spec: Any) -> Sandbox:
+    async def create(self, image: str = "local", *, trace: _trace.Trace | None = None, **spec: Any) -> Sandbox:
         """Start a sandbox and return it once ready; ``await sb.aclose()`` ends it.
 
         Prefer ``async with client.sandbox(...)``, which always deletes it.
         Options are the fields of ``SandboxSpec`` (cpu, memory, env, workdir,
         labels, ttl, idle_timeout, start_timeout).
+
+        ``trace`` records every call to the sandbox as it ends, one JSON
+        object a line (docs/trace.md): a file path, appended to with one
+        write per record, or a function called with each record (a dict).
+        A file that cannot be written raises ``TraceError`` before any
+        sandbox starts. Records hold env names, never their values.
         """
+        if trace is None:
+            return await self._create(image, spec)
+        recorder = _trace.Recorder.open(trace)  # fails before any sandbox starts
+        fields = _trace.describe_create(image, str(type(self.config).__struct_config__.tag), spec)
+        return await recorder.record_create(self._create(image, spec), fields)
+
+    async def _create(self, image: str, spec: dict[str, Any]) -> Sandbox:
         backend, http = self._ensure_open()
         sandbox_spec = make_spec(image, spec)
         sandbox_id = f"sb-{self.session_id}-{secrets.token_hex(4)}"

@@ -37,6 +37,7 @@ from orchard_executor.protocol import (
     WaitRequest,
 )
 
+from . import _trace as trace
 from ._handle import Handle
 from ._rpc import MAX_REPLY, REPLY_SLACK, ExecutorClient, with_stdin
 from ._spec import SandboxSpec
@@ -85,7 +86,7 @@ def _request(
     env: Mapping[str, str] | None,
     stdin: bytes | str | None,
     timeout: float | None,
-    shell: str,
+    shell: str | None,
     **extra: Any,
 ) -> ExecRequest:
     return ExecRequest(
@@ -102,6 +103,9 @@ def _request(
 class Process:
     """A background process in a sandbox."""
 
+    #: Where its calls are recorded (``trace=``), if anywhere.
+    _trace: trace.Recorder | None = None
+
     def __init__(self, rpc: ExecutorClient, status: ProcessStatus) -> None:
         self._rpc = rpc
         self.id = status.id
@@ -111,10 +115,12 @@ class Process:
     def __repr__(self) -> str:
         return f"<Process {self.id} pid={self.pid}>"
 
+    @trace.traced("process_status", trace.describe_process_status)
     async def status(self) -> ProcessStatus:
         """Whether it is running, and how it ended."""
         return await self._rpc.call("GET", self._path, ProcessStatus)
 
+    @trace.traced("process_read", trace.describe_read)
     async def read(
         self, stream: Literal["stdout", "stderr"] = "stdout", offset: int = 0, limit: int = 1024 * 1024
     ) -> OutputChunk:
@@ -124,6 +130,7 @@ class Process:
             "GET", f"{self._path}/output", OutputChunk, params=params, limit=max(MAX_REPLY, limit + REPLY_SLACK)
         )
 
+    @trace.traced("process_output", trace.describe_output)
     async def output(self, stream: Literal["stdout", "stderr"] = "stdout") -> bytes:
         """All the output of ``stream`` produced so far."""
         parts, offset = [], 0
@@ -134,6 +141,7 @@ class Process:
                 return b"".join(parts)
             offset = chunk.next_offset
 
+    @trace.traced("process_stdin", trace.describe_stdin)
     async def write_stdin(self, data: bytes | str, *, close: bool = False) -> None:
         """Write to its stdin, and close it with ``close=True``."""
         await self._rpc.call(
@@ -144,16 +152,19 @@ class Process:
             retry=False,
         )
 
+    @trace.traced("process_signal", trace.describe_signal)
     async def signal(self, sig: int) -> ProcessStatus:
         """Send a signal to its whole process group."""
         return await self._rpc.call("POST", f"{self._path}/signal", ProcessStatus, SignalRequest(signal=int(sig)))
 
+    @trace.traced("process_wait", trace.describe_wait)
     async def wait(self, timeout: float | None = None) -> ProcessStatus:
         """Wait until it ends (or ``timeout`` passes) and return its status."""
         return await self._rpc.call(
             "POST", f"{self._path}/wait", ProcessStatus, WaitRequest(timeout=timeout), timeout=timeout
         )
 
+    @trace.traced("process_kill", trace.describe_process_status)
     async def kill(self) -> ProcessStatus:
         """Kill its process group and forget it (its output is deleted)."""
         return await self._rpc.call("DELETE", self._path, ProcessStatus)
@@ -165,6 +176,9 @@ class Shell:
     A command that times out is killed and leaves the session as it was.
     """
 
+    #: Where its calls are recorded (``trace=``), if anywhere.
+    _trace: trace.Recorder | None = None
+
     def __init__(self, rpc: ExecutorClient, info: SessionInfo) -> None:
         self._rpc = rpc
         self.id = info.id
@@ -172,6 +186,7 @@ class Shell:
     def __repr__(self) -> str:
         return f"<Shell {self.id}>"
 
+    @trace.traced("shell_exec", trace.describe_shell_exec)
     async def exec(
         self,
         command: str,
@@ -179,19 +194,22 @@ class Shell:
         timeout: float | None = None,
         stdin: bytes | str | None = None,
         max_output: int = DEFAULT_MAX_OUTPUT,
+        merge_output: bool = False,
     ) -> ExecResult:
-        """Run ``command`` in the session."""
+        """Run ``command`` in the session (``merge_output`` as for ``Sandbox.exec``)."""
         req = SessionExecRequest(
             command=command,
             timeout=timeout,
             stdin=_stdin(stdin),
             max_output=max_output,
             request_id=uuid.uuid4().hex,
+            merge_output=merge_output,
         )
         return await self._rpc.call(
             "POST", f"/v1/sessions/{self.id}/exec", ExecResult, req, timeout=timeout, limit=_result_limit(max_output)
         )
 
+    @trace.traced("shell_close", trace.describe_session)
     async def aclose(self) -> None:
         """End the session."""
         await self._rpc.call("DELETE", f"/v1/sessions/{self.id}", SessionInfo)
@@ -208,6 +226,9 @@ class Sandbox:
 
     Get one from ``Client.sandbox()``; it is deleted when the block exits.
     """
+
+    #: Where its calls are recorded (``trace=``), if anywhere.
+    _trace: trace.Recorder | None = None
 
     def __init__(
         self,
@@ -247,6 +268,7 @@ class Sandbox:
             raise OrchardError(f"sandbox {self.id} was not made by a Client, so it has no handle", sandbox_id=self.id)
         return self._handle()
 
+    @trace.traced("sandbox_close", trace.describe_nothing)
     async def aclose(self) -> None:
         """Delete the sandbox and everything running in it; safe to call twice.
 
@@ -270,6 +292,7 @@ class Sandbox:
 
     # Commands
 
+    @trace.traced("exec", trace.describe_exec)
     async def exec(
         self,
         cmd: Command,
@@ -279,7 +302,9 @@ class Sandbox:
         stdin: Stdin | None = None,
         timeout: float | None = None,
         max_output: int = DEFAULT_MAX_OUTPUT,
-        shell: str = "/bin/sh",
+        shell: str | None = None,
+        login: bool = False,
+        merge_output: bool = False,
     ) -> ExecResult:
         """Run a command to the end and return its result.
 
@@ -297,7 +322,16 @@ class Sandbox:
                 the result then has ``timed_out=True`` and the output so far.
             max_output: bytes kept per stream; beyond it the first and last
                 halves are kept and ``stdout_truncated``/``stderr_truncated`` set.
-            shell: the shell that runs a string ``cmd``.
+            shell: the shell that runs a string ``cmd`` (default ``/bin/sh``).
+            login: run under a login shell, ``shell -l -c cmd``, so profile
+                scripts (conda, /etc/profile.d) load; the shell is then
+                ``bash`` unless named, or ``/bin/sh`` where there is no bash.
+                An argv list runs as given (no splitting or globbing) once
+                the profile loaded; a missing program is then exit 127.
+            merge_output: send stderr to stdout's pipe, as ``2>&1`` does: one
+                stream in true order, in ``output``/``output_bytes`` with
+                the same cap, ``output_truncated`` and ``output_total``;
+                ``stdout`` and ``stderr`` are then empty.
 
         Without a ``timeout`` the command may run for hours; the client then
         watches the executor instead (``Client(liveness_timeout=...)``) and
@@ -307,7 +341,9 @@ class Sandbox:
         inline, streamed = _split_stdin(stdin)
         if streamed is not None:
             # Not retried, so without a request id: the stream cannot be sent twice.
-            req = _request(cmd, cwd, env, None, timeout, shell, max_output=max_output)
+            req = _request(
+                cmd, cwd, env, None, timeout, shell, max_output=max_output, login=login, merge_output=merge_output
+            )
             return await self._rpc.send(
                 "POST",
                 "/v1/exec",
@@ -318,11 +354,23 @@ class Sandbox:
                 timeout=timeout,
                 limit=_result_limit(max_output),
             )
-        req = _request(cmd, cwd, env, inline, timeout, shell, max_output=max_output, request_id=uuid.uuid4().hex)
+        req = _request(
+            cmd,
+            cwd,
+            env,
+            inline,
+            timeout,
+            shell,
+            max_output=max_output,
+            request_id=uuid.uuid4().hex,
+            login=login,
+            merge_output=merge_output,
+        )
         return await self._rpc.call(
             "POST", "/v1/exec", ExecResult, req, timeout=timeout, limit=_result_limit(max_output)
         )
 
+    @trace.traced_stream("exec_stream", trace.describe_exec_stream)
     async def exec_stream(
         self,
         cmd: Command,
@@ -331,17 +379,21 @@ class Sandbox:
         env: Mapping[str, str] | None = None,
         stdin: Stdin | None = None,
         timeout: float | None = None,
-        shell: str = "/bin/sh",
+        shell: str | None = None,
+        login: bool = False,
+        merge_output: bool = False,
     ) -> AsyncIterator[OutputEvent | ExitEvent]:
         """Run a command, yielding ``OutputEvent`` chunks as they are produced.
 
         The last event is an ``ExitEvent`` whose ``result`` has the exit code,
         ``timed_out`` and byte counts (its output fields are empty). Leaving
-        the loop early kills the command. ``stdin`` is as for ``exec``.
+        the loop early kills the command. ``stdin``, ``login`` and
+        ``merge_output`` are as for ``exec``; merged chunks have the stream
+        name ``"output"`` and the count is ``output_total``.
         """
         inline, streamed = _split_stdin(stdin)
-        req = _request(cmd, cwd, env, inline, timeout, shell)
-        totals = {"stdout": 0, "stderr": 0}
+        req = _request(cmd, cwd, env, inline, timeout, shell, login=login, merge_output=merge_output)
+        totals = {"stdout": 0, "stderr": 0, "output": 0}
         async for event in self._rpc.frames("/v1/exec/stream", req, timeout, stdin=streamed):
             if isinstance(event, OutputEvent):
                 totals[event.stream] += len(event.data)
@@ -349,12 +401,14 @@ class Sandbox:
             else:
                 event.result.stdout_total = totals["stdout"]
                 event.result.stderr_total = totals["stderr"]
+                event.result.output_total = totals["output"]
                 yield event
                 return
         raise SandboxLost(
             f"sandbox {self.id}: the output stream ended before the command did", sandbox_id=self.id, reason="stream"
         )
 
+    @trace.traced("process_start", trace.describe_start_process)
     async def start_process(
         self,
         cmd: Command,
@@ -363,8 +417,10 @@ class Sandbox:
         env: Mapping[str, str] | None = None,
         stdin: bytes | str | None = None,
         timeout: float | None = None,
-        shell: str = "/bin/sh",
+        shell: str | None = None,
         max_output: int | None = None,
+        login: bool = False,
+        merge_output: bool = False,
     ) -> Process:
         """Start a command in the background; its output is kept in the sandbox.
 
@@ -372,15 +428,21 @@ class Sandbox:
         executor's cap, 256 MiB) in a file in the sandbox; the rest is read
         and dropped, so the process never blocks on it, and its status counts
         it (``stdout_total``) and sets ``stdout_truncated``/``stderr_truncated``.
+        ``login`` is as for ``exec``; with ``merge_output`` stderr goes into
+        the stdout stream, in true order, and the stderr stream stays empty.
         """
-        req = _request(cmd, cwd, env, stdin, timeout, shell, max_output=max_output)
+        req = _request(
+            cmd, cwd, env, stdin, timeout, shell, max_output=max_output, login=login, merge_output=merge_output
+        )
         status = await self._rpc.call("POST", "/v1/processes", ProcessStatus, req, retry=False)
         return Process(self._rpc, status)
 
+    @trace.traced("processes", trace.describe_processes)
     async def processes(self) -> list[ProcessStatus]:
         """Every background process started in this sandbox."""
         return (await self._rpc.call("GET", "/v1/processes", ProcessList)).processes
 
+    @trace.traced("shell_open", trace.describe_shell)
     async def shell(
         self, *, cwd: str | None = None, env: Mapping[str, str] | None = None, shell: str = "bash"
     ) -> Shell:
@@ -388,30 +450,36 @@ class Sandbox:
         req = SessionRequest(cwd=cwd, env=dict(env) if env else None, shell=shell)
         return Shell(self._rpc, await self._rpc.call("POST", "/v1/sessions", SessionInfo, req, retry=False))
 
+    @trace.traced("info", trace.describe_nothing)
     async def info(self) -> Info:
         """The executor's version, uptime and load."""
         return await self._rpc.call("GET", "/v1/info", Info)
 
     # Files
 
+    @trace.traced("file_write", trace.describe_write_file)
     async def write_file(self, path: str, data: Data, *, mode: int = 0o644, parents: bool = True) -> FileStat:
         """Write a file atomically (streamed if ``data`` is an async iterable)."""
         body = data.encode() if isinstance(data, str) else data
         params = {"path": path, "mode": str(mode), "parents": "1" if parents else "0"}
         return await self._rpc.send("PUT", "/v1/files", FileStat, body, params=params, content_type=OCTET)
 
+    @trace.traced_stream("file_read", trace.describe_receive)
     def stream_file(self, path: str) -> AsyncIterator[bytes]:
         """Yield a file's bytes in chunks, without holding it all in memory."""
         return self._rpc.receive("/v1/files", {"path": path})
 
+    @trace.traced("file_read", trace.describe_read_file)
     async def read_file(self, path: str) -> bytes:
         """A file's whole content."""
         return b"".join([chunk async for chunk in self.stream_file(path)])
 
+    @trace.traced("stat", trace.describe_path)
     async def stat(self, path: str) -> FileStat:
         """Type, size, mode and mtime of a path (a final symlink is not followed)."""
         return await self._rpc.call("GET", "/v1/files/stat", FileStat, params={"path": path})
 
+    @trace.traced("exists", trace.describe_path)
     async def exists(self, path: str) -> bool:
         """Whether the path exists."""
         try:
@@ -420,21 +488,25 @@ class Sandbox:
             return False
         return True
 
+    @trace.traced("list_dir", trace.describe_path)
     async def list_dir(self, path: str = ".") -> list[FileStat]:
         """The entries of a directory, sorted by name."""
         return (await self._rpc.call("GET", "/v1/files/list", FileList, params={"path": path})).entries
 
+    @trace.traced("mkdir", trace.describe_path)
     async def mkdir(self, path: str, *, parents: bool = True, mode: int = 0o755, exist_ok: bool = True) -> FileStat:
         """Create a directory."""
         req = MkdirRequest(path=path, parents=parents, mode=mode, exist_ok=exist_ok)
         return await self._rpc.call("POST", "/v1/files/mkdir", FileStat, req)
 
+    @trace.traced("remove", trace.describe_path)
     async def remove(self, path: str, *, recursive: bool = False, missing_ok: bool = False) -> None:
         """Remove a file or symlink, or a directory (a whole tree with ``recursive``)."""
         await self._rpc.call(
             "POST", "/v1/files/remove", Empty, RemoveRequest(path=path, recursive=recursive, missing_ok=missing_ok)
         )
 
+    @trace.traced("upload", trace.describe_upload)
     async def upload(
         self,
         local_path: str | os.PathLike[str],
@@ -456,6 +528,7 @@ class Sandbox:
         mode = os.stat(local).st_mode & tarstream.SAFE_MODE
         return await self.write_file(path, _file_chunks(local), mode=mode)
 
+    @trace.traced("download", trace.describe_download)
     async def download(
         self,
         path: str,
@@ -525,10 +598,12 @@ class Sandbox:
             if aclose is not None:
                 await aclose()
 
+    @trace.traced_stream("download_tar", trace.describe_receive)
     def download_tar(self, path: str) -> AsyncIterator[bytes]:
         """A tar stream of a sandbox directory's contents (or of one file)."""
         return self._rpc.receive("/v1/files/tar", {"path": path})
 
+    @trace.traced("upload_tar", trace.describe_upload_tar)
     async def upload_tar(
         self,
         path: str,

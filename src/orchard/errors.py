@@ -23,6 +23,15 @@ class ConfigError(OrchardError, ValueError):
     """A client or sandbox option is invalid; the message names the option."""
 
 
+class TraceError(OrchardError, OSError):
+    """The ``trace=`` file cannot be opened (at sandbox creation, before any start) or written."""
+
+    def __init__(self, message: str, *, path: str | None = None, sandbox_id: str | None = None) -> None:
+        super().__init__(message, sandbox_id=sandbox_id)
+        #: The trace file's path.
+        self.path = path
+
+
 class InvalidHandle(OrchardError, ValueError):
     """A sandbox handle given to ``Client.attach`` is malformed, or not for this Client's backend.
 
