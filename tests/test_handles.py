@@ -6,12 +6,10 @@ processes; the handle reaches it on stdin (never argv, which ``ps`` shows).
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
 import pickle
 import socket
-import sys
 import textwrap
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -22,6 +20,7 @@ import pytest
 
 import orchard
 from conftest import unisolated_ok
+from handles_support import attach_in_child, token_of
 from orchard import _handle
 from orchard.errors import (
     AuthError,
@@ -35,45 +34,6 @@ from orchard.errors import (
 from support import eventually
 
 pytestmark = pytest.mark.executor
-
-#: Attaches to the handle on stdin and runs a command there; prints what happened as JSON.
-CHILD = textwrap.dedent(
-    """
-    import asyncio, json, sys, warnings
-    import orchard
-    from orchard.errors import OrchardError
-
-    async def main():
-        handle = sys.stdin.read()
-        warnings.simplefilter("ignore")
-        async with orchard.Client(orchard.LocalConfig(isolation=sys.argv[1])) as client:
-            try:
-                sb = await client.attach(handle)
-            except OrchardError as exc:
-                return {"error": type(exc).__name__, "message": str(exc)}
-            r = await sb.exec("cat note.txt && echo from-child > child.txt")
-            return {"stdout": r.stdout, "exit_code": r.exit_code, "id": sb.id, "repr": repr(sb.handle())}
-
-    print(json.dumps(asyncio.run(main())))
-    """
-)
-
-
-async def attach_in_child(handle: str, isolation: str) -> dict[str, Any]:
-    """Run ``CHILD`` in a fresh interpreter; its JSON result."""
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-c",
-        CHILD,
-        isolation,
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await asyncio.wait_for(proc.communicate(str(handle).encode()), 90)
-    assert proc.returncode == 0, err.decode()
-    result: dict[str, Any] = json.loads(out)
-    return result
 
 
 @pytest.fixture(params=["none", "bwrap"])
@@ -96,10 +56,6 @@ async def attacher(isolation: str) -> AsyncIterator[orchard.Client]:
         client = await orchard.Client(orchard.LocalConfig(isolation=isolation)).__aenter__()
     async with client:
         yield client
-
-
-def token_of(handle: str) -> str:
-    return _handle.parse(handle).token
 
 
 async def test_a_handle_is_a_str_whose_repr_hides_the_token(creator: orchard.Client) -> None:
@@ -129,7 +85,7 @@ async def test_attach_from_another_process_runs_there_and_the_creator_still_dele
         await sb.write_file("note.txt", "from the creator\n")
         handle = sb.handle()
 
-        child = await attach_in_child(handle, isolation)
+        child = await attach_in_child(handle, "local", {"isolation": isolation})
         assert child["exit_code"] == 0, child
         assert child["stdout"] == "from the creator\n"
         assert child["id"] == sb.id
@@ -140,7 +96,7 @@ async def test_attach_from_another_process_runs_there_and_the_creator_still_dele
         assert any(local_root.iterdir())
     # The creator's client deleted it at exit: its directory is gone, and the handle is dead.
     assert not any(local_root.iterdir())
-    child = await attach_in_child(handle, isolation)
+    child = await attach_in_child(handle, "local", {"isolation": isolation})
     assert child["error"] == "SandboxLost", child
     assert token_of(handle) not in child["message"]
 

@@ -172,7 +172,7 @@ class State:
             return
         if task.exception() is None:
             result = task.result()
-            self._dedup_bytes += len(result.stdout_bytes) + len(result.stderr_bytes) + len(result.output_bytes) + len(result.output_bytes)
+            self._dedup_bytes += len(result.stdout_bytes) + len(result.stderr_bytes) + len(result.output_bytes)
         while self._dedup_bytes > DEDUP_BYTES or len(self._dedup) > DEDUP_ENTRIES:
             oldest_id = next(iter(self._dedup))
             oldest = self._dedup[oldest_id]
@@ -181,7 +181,7 @@ class State:
             del self._dedup[oldest_id]
             if not oldest.cancelled() and oldest.exception() is None:
                 old = oldest.result()
-                self._dedup_bytes -= len(old.stdout_bytes) + len(old.stderr_bytes) + len(old.output_bytes) + len(old.output_bytes)
+                self._dedup_bytes -= len(old.stdout_bytes) + len(old.stderr_bytes) + len(old.output_bytes)
 
 
 SETTINGS = web.AppKey("settings", Settings)

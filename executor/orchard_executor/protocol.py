@@ -213,11 +213,6 @@ class ExecResult(msgspec.Struct, kw_only=True):
         return self.output_bytes.decode("utf-8", "replace")
 
     @property
-    def output(self) -> str:
-        """The merged output (``merge_output``) decoded as UTF-8, invalid bytes replaced."""
-        return self.output_bytes.decode("utf-8", "replace")
-
-    @property
     def ok(self) -> bool:
         """True when the command exited with status 0 in time."""
         return self.exit_code == 0 and not self.timed_out

@@ -402,7 +402,6 @@ class Sandbox:
                 event.result.stdout_total = totals["stdout"]
                 event.result.stderr_total = totals["stderr"]
                 event.result.output_total = totals["output"]
-                event.result.output_total = totals["output"]
                 yield event
                 return
         raise SandboxLost(
