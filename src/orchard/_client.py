@@ -193,6 +193,8 @@ class Client:
             sb2 = await client.attach(handle)          # in another process
             print((await sb2.exec("hostname")).stdout)
         """
+        if not 0 < timeout < float("inf"):
+            raise ConfigError(f"timeout={timeout!r} must be a positive number of seconds")
         backend, http = self._ensure_open()
         fields = _handle.parse(handle)
         if fields.backend != backend.name:

@@ -160,7 +160,10 @@ class KubernetesInstance:
         if self._deleted:
             return SandboxLost(f"sandbox {self.name} was deleted", sandbox_id=self.name, reason="Deleted")
         if self._attached:  # not in this client's watch: ask the API server
-            phase = await self._backend.pod_phase(self.name)
+            try:
+                phase = await self._backend.pod_phase(self.name)
+            except Exception:  # the API server is no help now: the caller reports the executor's silence
+                return None
             if phase.state == "failed":
                 return SandboxLost(
                     f"sandbox {self.name}: {phase.reason}: {phase.message}", sandbox_id=self.name, reason=phase.reason
