@@ -102,6 +102,8 @@ ROUTES = [
     ("POST", "/v1/files/remove", "remove"),
     ("PUT", "/v1/files/tar", "raw"),
     ("GET", "/v1/files/tar", None),
+    # Without a websocket upgrade (or with a bad port) it is refused before connecting anywhere.
+    ("GET", "/v1/ports/{id}/connect", None),
 ]
 QUERY = st.dictionaries(
     st.sampled_from(["path", "mode", "parents", "setid", "offset", "limit", "stream", "max_bytes", "max_members"]),

@@ -18,7 +18,7 @@ from typing import TypeVar
 import msgspec
 from aiohttp import web
 
-from . import __version__, files, tarstream
+from . import __version__, files, ports, tarstream
 from .errors import ExecutorError
 from .processes import MAX_READ, ProcessTable
 from .protocol import (
@@ -731,4 +731,5 @@ def create_app(settings: Settings) -> web.Application:
     app.router.add_post(f"{v}/files/remove", file_remove)
     app.router.add_put(f"{v}/files/tar", tar_upload)
     app.router.add_get(f"{v}/files/tar", tar_download)
+    ports.setup(app, app[STATE].stopped)
     return app

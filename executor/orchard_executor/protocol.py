@@ -30,6 +30,7 @@ Endpoints, all under ``/v1`` except ``/healthz``::
     POST   /v1/files/remove                  RemoveRequest -> Empty
     PUT    /v1/files/tar?path=&max_bytes=&max_members=  plain tar body -> FileStat (all or nothing)
     GET    /v1/files/tar?path=               -> frames of ByteFrame (a plain tar)
+    GET    /v1/ports/{port}/connect          websocket upgrade -> a tunnel to 127.0.0.1:port (see ports.py)
 
 Errors come back with a 4xx/5xx status and an ``Error`` body; ``code`` is one
 of ``ERROR_CODES`` and the client maps it to an exception through a fixed
@@ -112,6 +113,8 @@ ErrorCode = Literal[
     "session_not_found",
     "unsupported",
     "unsafe_archive",
+    "port_closed",
+    "too_many_tunnels",
     "stopping",
     "internal",
 ]

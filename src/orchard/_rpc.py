@@ -74,6 +74,8 @@ _BYTE_FRAME = msgspec.msgpack.Decoder(ByteFrame)
 #: Seconds of silence after which a stream is given up as frozen (a quiet
 #: stream carries a heartbeat every ``protocol.HEARTBEAT`` second).
 STREAM_IDLE_TIMEOUT = 30.0
+#: The wire error code of each status an executor refuses a websocket with (see ``orchard_executor.ports``).
+_WS_REFUSALS = {400: "bad_request", 401: "unauthorized", 429: "too_many_tunnels", 502: "port_closed", 503: "stopping"}
 
 
 class _Source:
@@ -473,6 +475,36 @@ class ExecutorClient:
             raise await self._lost(exc) from exc
         if source is not None and source.error is not None:
             raise source.error
+
+    async def websocket(self, path: str, *, max_msg_size: int) -> aiohttp.ClientWebSocketResponse:
+        """Open a websocket on ``path`` (a port tunnel), within ``read_timeout``; a refusal is typed by its status.
+
+        Under ``_watch`` for as long as it is used, so that the sandbox's close or death ends it.
+        """
+        self._check_open()
+        try:
+            async with asyncio.timeout(self._read_timeout):
+                return await self._session.ws_connect(
+                    self._base + path,
+                    headers={"Authorization": self._headers["Authorization"]},
+                    ssl=self._ssl,
+                    max_msg_size=max_msg_size,
+                    autoping=True,
+                )
+        except aiohttp.WSServerHandshakeError as exc:
+            # The handshake's error body is not kept by aiohttp: the status says which error it was.
+            code = _WS_REFUSALS.get(exc.status, "internal")
+            if code == "stopping":
+                raise await self._lost(ConnectionResetError("the executor is stopping")) from None
+            raise EXECUTOR_ERRORS[code](
+                f"sandbox {self._sandbox_id}: the executor refused {path} with HTTP {exc.status} ({code})",
+                code=code,
+                sandbox_id=self._sandbox_id,
+            ) from None
+        except TimeoutError as exc:
+            raise await self._timed_out(exc) from None
+        except _retry.TRANSIENT as exc:
+            raise await self._lost(exc) from exc
 
     def _check_open(self) -> None:
         if self.closed or self._session.closed:

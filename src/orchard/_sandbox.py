@@ -8,6 +8,7 @@ import os
 import tempfile
 import uuid
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from typing import Any, Literal
 
 from orchard_executor import tarstream
@@ -454,6 +455,33 @@ class Sandbox:
     async def info(self) -> Info:
         """The executor's version, uptime and load."""
         return await self._rpc.call("GET", "/v1/info", Info)
+
+    def forward(self, port: int, *, wait: float = 0.0, check: bool = True) -> AbstractAsyncContextManager[str]:
+        """A local URL for a TCP port inside the sandbox, for an ``async with`` block.
+
+        ``async with sb.forward(8100) as url:`` gives ``"http://127.0.0.1:PORT"``;
+        each connection to it is tunnelled through the executor (authenticated,
+        over the sandbox's TLS or unix socket) to 127.0.0.1:8100 in the sandbox,
+        as raw TCP, so streaming replies and websockets pass through. The
+        tunnels close when the block exits or the sandbox closes or dies.
+
+        Like ``kubectl port-forward``, the local port binds 127.0.0.1 only, but
+        any process on this host can use it while the block is open.
+
+        Args:
+            port: the port inside the sandbox, 1..65535.
+            wait: seconds to wait for a server to listen on ``port`` (one just
+                started with ``start_process`` may need a moment).
+            check: connect once at entry (and close at once) to check that
+                something listens; without it, a connection to the URL is
+                reset instead when nothing does.
+
+        Raises:
+            PortClosed: Nothing listens on ``port`` at entry (after ``wait``).
+        """
+        from ._forward import forward
+
+        return forward(self._rpc, self.id, port, wait=wait, check=check)
 
     # Files
 

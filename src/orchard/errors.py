@@ -136,6 +136,10 @@ class Unsupported(ExecutorError, NotImplementedError):
     """The executor does not support this operation."""
 
 
+class PortClosed(ExecutorError, ConnectionRefusedError):
+    """Nothing listens on the port ``Sandbox.forward`` was asked to reach inside the sandbox."""
+
+
 class UnsafeArchive(OrchardError, ValueError):
     """A transfer broke a safety rule, so nothing of it was written.
 
@@ -174,6 +178,9 @@ EXECUTOR_ERRORS: dict[str, type[ExecutorError]] = {
     "session_not_found": SessionNotFound,
     "unsupported": Unsupported,
     "unsafe_archive": UnsafeUpload,
+    "port_closed": PortClosed,
+    # Too many forwarded connections open at once in one sandbox.
+    "too_many_tunnels": ExecutorError,
     # The client raises SandboxLost (with the backend's reason) for this one.
     "stopping": ExecutorError,
     "internal": ExecutorError,
