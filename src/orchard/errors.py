@@ -69,6 +69,15 @@ class SandboxClosed(OrchardError, RuntimeError):
     """The sandbox (or its client) was already closed."""
 
 
+class SyncLoopError(OrchardError, RuntimeError):
+    """``orchard.sync`` cannot run the call: its event loop thread died or stopped (interpreter exit).
+
+    Also raised for a sync call made on that loop's own thread, which would
+    wait for itself. Objects of a dead loop stay unusable; a new
+    ``orchard.sync.Client`` starts a new loop.
+    """
+
+
 class ProtocolError(OrchardError, ConnectionError):
     """The executor sent a reply the client refuses: too large, not the wire schema, or not msgpack.
 
