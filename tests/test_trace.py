@@ -155,11 +155,12 @@ async def test_a_run_produces_the_documented_records(client: orchard.Client, tmp
     read = one(found, "file_read", path="big.bin")
     assert (read["bytes"], read["sha256"]) == (len(payload), hashlib.sha256(payload).hexdigest())
     st_read = one(found, "file_read", path="small.txt")
-    assert (st_read["bytes"], st_read["sha256"], st_read["eof"]) == (5, hashlib.sha256(b"hello").hexdigest(), True)
+    assert (st_read["bytes"], st_read["sha256"]) == (5, hashlib.sha256(b"hello").hexdigest())
+    assert st_read["closed_early"] is False
     missing = one(found, "file_read", path="missing.txt")
     assert missing["error"]["type"] == "PathNotFound"
     up = one(found, "upload")
-    assert (up["local_path"], up["path"], up["bytes"]) == (str(local), "up.bin", 8)
+    assert (up["local_path"], up["path"], up["file_type"], up["size"]) == (str(local), "up.bin", "file", 8)
     down = one(found, "download")
     assert (down["path"], down["local_path"]) == ("up.bin", str(tmp_path / "down.bin"))
     assert one(found, "exists")["result"] is True
@@ -215,6 +216,64 @@ async def test_a_trace_function_that_raises_leaves_no_sandbox(local_client: orch
     with pytest.raises(RuntimeError, match="trace sink broke"):
         await local_client.create(trace=broken)
     assert no_sandbox_started(local_root, local_client)
+
+
+async def test_a_trace_whose_first_record_fails_leaves_no_sandbox(
+    local_client: orchard.Client, local_root: Path
+) -> None:
+    # /dev/full opens for writing and then refuses every write (ENOSPC), like a disk filling up.
+    with pytest.raises(errors.TraceError, match="/dev/full") as info:
+        await local_client.create(trace="/dev/full")
+    assert isinstance(info.value.__cause__, OSError)
+    assert no_sandbox_started(local_root, local_client)
+
+
+async def test_a_trace_function_that_raises_mid_run_fails_that_call(local_client: orchard.Client) -> None:
+    got: list[dict[str, Any]] = []
+
+    def sink(record: dict[str, Any]) -> None:
+        if record.get("cmd") == "echo broken":
+            raise RuntimeError("trace sink broke")
+        got.append(record)
+
+    async with local_client.sandbox(trace=sink) as sb:
+        with pytest.raises(RuntimeError, match="trace sink broke"):
+            await sb.exec("echo broken")
+        assert (await sb.exec("echo after")).stdout == "after\n"
+    assert [r["type"] for r in got] == ["sandbox_create", "exec", "sandbox_close"]
+
+
+async def test_streams_left_early_and_binary_output(local_client: orchard.Client, tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    async with local_client.sandbox(trace=path) as sb:
+        await sb.write_file("big", b"x" * 3_000_000)
+        async for _ in sb.stream_file("big"):
+            break
+        async for ev in sb.exec_stream("echo first; sleep 30"):
+            assert isinstance(ev, orchard.OutputEvent)
+            break
+        await sb.exec(["printf", "\\377ok"])
+    assert path.stat().st_mode & 0o777 == 0o600
+    found = records(path)
+    partial = one(found, "file_read", path="big")
+    assert (partial["closed_early"], partial["error"]) == (True, None)
+    assert 0 < partial["bytes"] < 3_000_000
+    left = one(found, "exec_stream")
+    assert (left["stdout_head"], left["closed_early"], left["error"]) == ("first\n", True, None)
+    assert "exit_code" not in left  # it never ended: the loop left first, killing it
+    assert one(found, "exec", cmd=["printf", "\\377ok"])["stdout_head"] == "\ufffdok"
+
+
+async def test_merged_output_is_recorded(local_client: orchard.Client) -> None:
+    got: list[dict[str, Any]] = []
+    async with local_client.sandbox(trace=got.append) as sb:
+        r = await sb.exec("echo out; echo err >&2", merge_output=True)
+        assert r.output == "out\nerr\n"
+        [ev async for ev in sb.exec_stream("echo a; echo b >&2", merge_output=True)]
+    ex, st = got[1], got[2]
+    assert (ex["type"], ex["merge_output"], ex["output_head"], ex["output_total"]) == ("exec", True, "out\nerr\n", 8)
+    assert (ex["stdout_total"], ex["stderr_total"]) == (0, 0)
+    assert (st["type"], st["merge_output"], st["output_head"], st["stderr_total"]) == ("exec_stream", True, "a\nb\n", 0)
 
 
 async def test_records_of_two_sandboxes_share_one_file(local_client: orchard.Client, tmp_path: Path) -> None:

@@ -240,7 +240,9 @@ async def _watched(
         async for item in inner:
             watch.see(item)
             yield item
-        watch.end()
+    except GeneratorExit:  # the caller left the loop early: no error, but not the whole stream
+        rec.emit(kind, start, time.perf_counter() - t0, fields | watch.fields() | {"closed_early": True}, None)
+        raise
     except BaseException as exc:
         _emit_failure(rec, kind, start, time.perf_counter() - t0, fields | watch.fields(), exc)
         raise
@@ -248,7 +250,7 @@ async def _watched(
         aclose = getattr(inner, "aclose", None)
         if aclose is not None:
             await aclose()
-    rec.emit(kind, start, time.perf_counter() - t0, fields | watch.fields(), None)
+    rec.emit(kind, start, time.perf_counter() - t0, fields | watch.fields() | {"closed_early": False}, None)
 
 
 class _Watch:
@@ -259,9 +261,6 @@ class _Watch:
 
     def fields(self) -> Record:
         raise NotImplementedError
-
-    def end(self) -> None:
-        """The stream was read to its end."""
 
 
 class _Bytes(_Watch):
@@ -457,13 +456,19 @@ def describe_shell(
         shell._trace = sb._trace  # type: ignore[attr-defined]
         return {"session": shell.id}
 
-    return {"cwd": cwd, "env_keys": sorted(env) if env else [], **_scalars(options)}, done
+    fields = {"cwd": cwd, "env_keys": sorted(env) if env else [], **_scalars(options)}
+    if isinstance(shell := options.get("shell"), str):
+        fields["shell"] = shell
+    return fields, done
 
 
-def describe_shell_exec(shell: Any, command: str, *, stdin: object = None, **options: Any) -> tuple[Record, Done]:
+def describe_shell_exec(
+    shell: Any, command: str, *, stdin: object = None, timeout: float | None = None, **options: Any
+) -> tuple[Record, Done]:
     """``Shell.exec``."""
-    fields = {"session": shell.id, "command": command, "stdin_bytes": _stdin_bytes(stdin), **_scalars(options)}
-    return fields, exec_result
+    fields = {"session": shell.id, "command": command, "stdin_bytes": _stdin_bytes(stdin), "timeout": timeout}
+    merged = bool(options.get("merge_output"))
+    return fields | _scalars(options), lambda result: exec_result(result, merged)
 
 
 def describe_session(shell: Any) -> tuple[Record, Done]:
@@ -521,6 +526,8 @@ def describe_write_file(_: object, path: str, data: Any, **options: Any) -> tupl
         body = data.encode() if isinstance(data, str) else data
         fields |= {"bytes": len(body), "sha256": hashlib.sha256(body).hexdigest()}
         return fields, None
+    if not isinstance(data, AsyncIterable):
+        return fields, None  # not data at all: the call itself says so
     seen = _Bytes()
     fields["_args"] = (path, seen.through(data))
     fields["_kwargs"] = options
@@ -529,24 +536,16 @@ def describe_write_file(_: object, path: str, data: Any, **options: Any) -> tupl
 
 def describe_read_file(_: object, path: str) -> tuple[Record, Done]:
     """``Sandbox.read_file``."""
-    return {"path": path}, lambda data: {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(), "eof": True}
+    return {"path": path}, lambda data: {
+        "bytes": len(data),
+        "sha256": hashlib.sha256(data).hexdigest(),
+        "closed_early": False,
+    }
 
 
 def describe_receive(_: object, path: str) -> tuple[Record, _Watch]:
     """``Sandbox.stream_file`` and ``download_tar``: counted and hashed as they stream."""
-    return {"path": path}, _Reading()
-
-
-class _Reading(_Bytes):
-    """A stream read: ``eof`` says whether it was read to its end (not left early)."""
-
-    eof = False
-
-    def end(self) -> None:
-        self.eof = True
-
-    def fields(self) -> Record:
-        return super().fields() | {"eof": self.eof}
+    return {"path": path}, _Bytes()
 
 
 def describe_path(_: object, path: str = ".", **options: Any) -> tuple[Record, Done]:
@@ -561,7 +560,7 @@ def _path_result(result: Any) -> Record:
         return {"count": len(result)}
     if result is None:
         return {}
-    return {"file_type": result.type, "bytes": result.size}
+    return {"file_type": result.type, "size": result.size}
 
 
 def describe_upload(_: object, local_path: Any, path: str, **options: Any) -> tuple[Record, Done]:
