@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tarfile
 import threading
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -155,6 +156,22 @@ def test_every_public_async_method_has_a_sync_form(sb: orchard.sync.Sandbox, cli
                 assert getattr(sync_obj, sync_name) != getattr(sync_obj._target, name), name
     # The typed forms show the async signatures.
     assert inspect.signature(sb.exec) == inspect.signature(sb._target.exec)
+
+
+def test_handle_attach_and_forward(client: orchard.sync.Client, sb: orchard.sync.Sandbox, local_root: Path) -> None:
+    sb.write_file("www/index.html", "served")
+    server = sb.start_process("exec python3 -m http.server 8123 --bind 127.0.0.1", cwd="www")
+    # The tunnel is served by the loop thread while this thread makes the request.
+    with sb.forward(8123, wait=30) as url, urllib.request.urlopen(f"{url}/index.html", timeout=30) as reply:
+        assert reply.read() == b"served"
+    server.kill()
+    with unisolated_ok(), orchard.sync.Client(client.config) as other:
+        attached = other.attach(sb.handle())
+        assert isinstance(attached, orchard.sync.Sandbox)
+        assert attached.id == sb.id
+        assert attached.read_file("www/index.html") == b"served"
+    # Not the attaching client's to delete.
+    assert sb.exec("echo still").stdout == "still\n"
 
 
 def test_leaving_a_stream_early_kills_the_command_and_reads_nothing_ahead(sb: orchard.sync.Sandbox) -> None:

@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeVar
 
 from . import _client, _sandbox
 from ._backends import BackendConfig
+from ._handle import Handle
 from ._rpc import LIVENESS_TIMEOUT, READ_TIMEOUT
 from ._spec import SandboxSpec
 from .errors import SyncLoopError
@@ -277,6 +278,10 @@ def _wrap(value: Any, loop: _Loop) -> Any:
     return value
 
 
+def _url(value: Any, loop: _Loop) -> str:
+    return str(value)
+
+
 def _blocking(fn: Callable[Concatenate[_A, _P], Coroutine[Any, Any, _R]]) -> Callable[Concatenate[_Proxy[_A], _P], _R]:
     """The sync form of an async method."""
 
@@ -424,6 +429,10 @@ class Sandbox(_Proxy[_sandbox.Sandbox]):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def handle(self) -> Handle:
+        """A string another process gives to ``Client.attach``: a secret (see ``orchard.Sandbox.handle``)."""
+        return self._target.handle()
+
     exec = _blocking(_sandbox.Sandbox.exec)
     exec_stream = _iterating(_sandbox.Sandbox.exec_stream)
     start_process = _returning(_sandbox.Sandbox.start_process, Process)
@@ -442,6 +451,8 @@ class Sandbox(_Proxy[_sandbox.Sandbox]):
     download = _blocking(_sandbox.Sandbox.download)
     download_tar = _iterating(_sandbox.Sandbox.download_tar)
     upload_tar = _blocking(_sandbox.Sandbox.upload_tar)
+    # The tunnel is served by the loop thread, so the caller's thread is free to use the URL.
+    forward = _managing(_sandbox.Sandbox.forward, _url)
 
 
 _SYNC_TYPES: dict[type, Callable[[Any, _Loop], Any]] = {
@@ -512,6 +523,8 @@ class Client(_Proxy[_client.Client]):
     def create(self, image: str = "local", **spec: Any) -> Sandbox:
         """Start a sandbox and return it once ready; ``sb.close()`` ends it (see ``orchard.Client.create``)."""
         return Sandbox(self._loop.run(self._target.create(image, **spec), release=_release), self._loop)
+
+    attach = _returning(_client.Client.attach, Sandbox)
 
     def sandbox(self, image: str = "local", **spec: Any) -> AbstractContextManager[Sandbox]:
         """Start a sandbox for the duration of a ``with`` block."""
