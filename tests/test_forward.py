@@ -18,6 +18,7 @@ import pytest
 
 import orchard
 from orchard import errors
+from orchard_executor import ports
 from support import WAIT, eventually, raw_http
 
 pytestmark = pytest.mark.executor
@@ -227,3 +228,21 @@ async def test_the_tunnel_closes_when_the_sandbox_does(sb: orchard.Sandbox, serv
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         assert await drained(reader) == b""
         writer.close()
+
+
+async def test_tunnels_are_capped_and_the_api_stays_reachable(sb: orchard.Sandbox, servers: tuple[int, int]) -> None:
+    path = f"/v1/ports/{servers[1]}/connect"
+    held = []
+    try:
+        for _ in range(ports.MAX_TUNNELS):
+            held.append(await sb._rpc.websocket(path, max_msg_size=1 << 20))
+        with pytest.raises(errors.ExecutorError) as caught:
+            await sb._rpc.websocket(path, max_msg_size=1 << 20)
+        assert caught.value.code == "too_many_tunnels"
+        # Tunnels never crowd out the API itself.
+        assert (await sb.exec(["echo", "still here"], timeout=WAIT)).stdout == "still here\n"
+        await held.pop().close()
+        await eventually(lambda: logged(sb, "closed.log", 1), what="the closed tunnel's connection to end")
+        held.append(await sb._rpc.websocket(path, max_msg_size=1 << 20))
+    finally:
+        await asyncio.gather(*(ws.close() for ws in held))
