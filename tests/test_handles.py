@@ -158,6 +158,8 @@ async def test_malformed_handles_are_invalid_handle_errors_that_never_show_the_t
             _reencoded(good, backend="docker"),  # for another backend: and no fingerprint
             _reencoded(good, backend="ec2"),
             _reencoded(good, token=""),
+            _reencoded(good, sandbox_id="../../images/x"),  # an id the backend puts in an API path
+            _reencoded(good, sandbox_id="sb x"),
             _reencoded(good, url="file:///etc/passwd", socket=None),
             _reencoded(good, url="https://127.0.0.1:1", socket=None, fingerprint=None),
         ]

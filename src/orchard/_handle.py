@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import re
 from typing import Any
 
 import msgspec
@@ -29,6 +30,8 @@ PREFIX = "orchard1:"
 #: Longest handle accepted (a real one is a few hundred characters).
 MAX_LENGTH = 4096
 _BACKENDS = ("local", "docker", "kubernetes")
+#: A sandbox id: a pod or container name (backends put it in API paths).
+_ID = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
 
 
 class HandleFields(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -122,8 +125,8 @@ def parse(handle: Any) -> HandleFields:
 def _check(f: HandleFields) -> None:
     if f.backend not in _BACKENDS:
         raise _bad(f"unknown backend {f.backend[:40]!r}")
-    if not f.sandbox_id or not f.token:
-        raise _bad("no sandbox id or token")
+    if not _ID.fullmatch(f.sandbox_id) or not f.token:
+        raise _bad("no sandbox id (a pod or container name) or no token")
     if f.socket is not None:
         if f.backend != "local" or f.inode is None or not f.socket.startswith("/"):
             raise _bad("a socket without its inode, or not absolute")
