@@ -1,18 +1,23 @@
 """What ``trace=`` adds to an exec, on the local backend, with and without it in the same run.
 
-Two measures, both printed:
+One sandbox runs the same command with its trace on and off in turn (on,
+off, off, on, ...), so both sides see the same executor, cache and machine
+load. Three measures:
 
-- ``paired``: one sandbox, execs of the same command with its trace on and
-  off in turn (on, off, off, on, ...), so both see the same executor, cache
-  and machine load. Printed: the p50 of each side, the difference of the
-  two (``overhead``), and the p50 of the difference within each pair (less
-  sensitive to drift). An exec takes milliseconds, so on a busy machine
-  these are noisy at the tenth of a millisecond.
-- ``recording``: the work trace= adds to each exec and nothing else, timed
-  alone over many repetitions: describing the call, the result's fields
-  (head and tail of its output), encoding the record and its one
-  ``write(2)`` to the trace file, for the results of real execs (``true``,
-  ``echo hello``, 64 KiB of text output).
+- ``e2e``: the exec's whole latency; printed, the p50 of each side and the
+  p50 of the difference within each pair. An exec takes milliseconds, and
+  on a busy machine these move by a tenth of a millisecond from run to run.
+- ``client``: the time the exec spends in the client outside its request
+  (the exec's latency minus the time inside ``ExecutorClient.call``,
+  measured around it in the same call), p50 of each side: what trace= adds
+  per exec, in the real path, without the executor's and the network's
+  noise. The overhead figure is the difference of these two p50s.
+- ``recording``: the record's own work alone over many repetitions
+  (describing the call, the result's head and tail, encoding, the one
+  ``write(2)``), for the result of a real exec of the command.
+
+Commands: ``true``, ``echo hello`` and 64 KiB of text (the record keeps its
+first and last 2 KiB).
 
     python benchmarks/bench_trace.py [--iterations 2000] [--json PATH]
 """
@@ -39,18 +44,38 @@ from orchard import _trace
 COMMANDS = {"true": ["true"], "echo": ["echo", "hello"], "64kib": ["sh", "-c", "yes hello | head -c 65536"]}
 
 
-async def paired(sb: orchard.Sandbox, recorder: _trace.Recorder, cmd: list[str], n: int) -> dict[str, list[float]]:
-    samples: dict[str, list[float]] = {"trace": [], "plain": []}
+async def paired(
+    sb: orchard.Sandbox, recorder: _trace.Recorder, cmd: list[str], n: int
+) -> dict[str, dict[str, list[float]]]:
+    """Latency and client-side time of each exec, with the trace on and off in turn."""
+    rpc = sb._rpc
+    call = rpc.call
+    inside = [0.0]
+
+    async def timed_call(*args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return await call(*args, **kwargs)
+        finally:
+            inside[0] = time.perf_counter() - t0
+
+    rpc.call = timed_call  # type: ignore[method-assign]
+    samples: dict[str, dict[str, list[float]]] = {side: {"e2e": [], "client": []} for side in ("trace", "plain")}
     for _ in range(50):  # warm the connection and the executor
         await sb.exec(cmd)
-    for i in range(n):
-        # on, off, off, on: neither side is always first after the other.
-        for traced in (True, False) if i % 2 == 0 else (False, True):
-            sb._trace = recorder if traced else None
-            t0 = time.perf_counter()
-            await sb.exec(cmd)
-            samples["trace" if traced else "plain"].append(time.perf_counter() - t0)
-    sb._trace = recorder
+    try:
+        for i in range(n):
+            for traced in (True, False) if i % 2 == 0 else (False, True):
+                sb._trace = recorder if traced else None
+                t0 = time.perf_counter()
+                await sb.exec(cmd)
+                total = time.perf_counter() - t0
+                side = samples["trace" if traced else "plain"]
+                side["e2e"].append(total)
+                side["client"].append(total - inside[0])
+    finally:
+        sb._trace = recorder
+        rpc.call = call  # type: ignore[method-assign]
     return samples
 
 
@@ -82,28 +107,30 @@ async def main() -> None:
             recorder = sb._trace
             assert recorder is not None
             print(
-                f"{'command':8} {'p50 plain':>11} {'p50 trace':>11} {'overhead':>10} {'pair p50':>10}"
-                f" {'recording p50':>14} {'p99':>9}"
+                f"{'command':8} {'e2e p50 plain':>14} {'trace':>9} {'pair diff':>10}"
+                f" {'client p50 plain':>17} {'trace':>9} {'overhead':>9} {'recording p50':>14}"
             )
             for name, cmd in COMMANDS.items():
-                pair = paired(sb, recorder, cmd, args.iterations)
-                got = await pair
+                got = await paired(sb, recorder, cmd, args.iterations)
                 result = await sb.exec(cmd)
                 rec = recording(recorder, cmd, result, 10 * args.iterations)
+                diffs = [t - p for t, p in zip(got["trace"]["e2e"], got["plain"]["e2e"], strict=True)]
                 row = {
-                    "plain_p50_ms": pct(got["plain"], 50) * 1000,
-                    "trace_p50_ms": pct(got["trace"], 50) * 1000,
+                    "e2e_plain_p50_ms": pct(got["plain"]["e2e"], 50) * 1000,
+                    "e2e_trace_p50_ms": pct(got["trace"]["e2e"], 50) * 1000,
+                    "e2e_pair_diff_p50_ms": pct(diffs, 50) * 1000,
+                    "client_plain_p50_ms": pct(got["plain"]["client"], 50) * 1000,
+                    "client_trace_p50_ms": pct(got["trace"]["client"], 50) * 1000,
                     "recording_p50_ms": pct(rec, 50) * 1000,
                     "recording_p99_ms": pct(rec, 99) * 1000,
                 }
-                row["overhead_p50_ms"] = row["trace_p50_ms"] - row["plain_p50_ms"]
-                diffs = [t - p for t, p in zip(got["trace"], got["plain"], strict=True)]
-                row["pair_diff_p50_ms"] = pct(diffs, 50) * 1000
+                row["overhead_p50_ms"] = row["client_trace_p50_ms"] - row["client_plain_p50_ms"]
                 out[name] = row
                 print(
-                    f"{name:8} {row['plain_p50_ms']:9.3f}ms {row['trace_p50_ms']:9.3f}ms "
-                    f"{row['overhead_p50_ms']:+8.3f}ms {row['pair_diff_p50_ms']:+8.3f}ms"
-                    f" {row['recording_p50_ms']:12.4f}ms {row['recording_p99_ms']:7.4f}ms"
+                    f"{name:8} {row['e2e_plain_p50_ms']:12.3f}ms {row['e2e_trace_p50_ms']:7.3f}ms"
+                    f" {row['e2e_pair_diff_p50_ms']:+8.3f}ms {row['client_plain_p50_ms']:15.4f}ms"
+                    f" {row['client_trace_p50_ms']:7.4f}ms {row['overhead_p50_ms']:+7.4f}ms"
+                    f" {row['recording_p50_ms']:12.4f}ms"
                 )
             lines = sum(1 for _ in open(path))
             out["trace_lines"] = lines

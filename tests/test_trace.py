@@ -16,6 +16,8 @@ from typing import Any
 import pytest
 
 import orchard
+import orchard.sync
+from conftest import unisolated_ok
 from orchard import errors
 from support import WAIT, agen
 
@@ -274,6 +276,26 @@ async def test_merged_output_is_recorded(local_client: orchard.Client) -> None:
     assert (ex["type"], ex["merge_output"], ex["output_head"], ex["output_total"]) == ("exec", True, "out\nerr\n", 8)
     assert (ex["stdout_total"], ex["stderr_total"]) == (0, 0)
     assert (st["type"], st["merge_output"], st["output_head"], st["stderr_total"]) == ("exec_stream", True, "a\nb\n", 0)
+
+
+async def test_a_cancelled_call_is_recorded(local_client: orchard.Client) -> None:
+    got: list[dict[str, Any]] = []
+    async with local_client.sandbox(trace=got.append) as sb:
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(sb.exec("sleep 30"), 0.5)
+        assert got[-1]["type"] == "exec"
+        assert got[-1]["error"]["type"] == "CancelledError"
+
+
+def test_through_the_sync_facade(local_root: Path, tmp_path: Path) -> None:
+    path = tmp_path / "sync.jsonl"
+    config = orchard.LocalConfig(root=str(local_root), isolation="none")
+    with unisolated_ok(), orchard.sync.Client(config) as client, client.sandbox(trace=path) as sb:
+        assert sb.exec("echo hi").stdout == "hi\n"
+        assert [type(ev).__name__ for ev in sb.exec_stream(["echo", "s"])] == ["OutputEvent", "ExitEvent"]
+    found = records(path)
+    assert [r["type"] for r in found] == ["sandbox_create", "exec", "exec_stream", "sandbox_close"]
+    assert (found[1]["stdout_head"], found[2]["stdout_head"]) == ("hi\n", "s\n")
 
 
 async def test_records_of_two_sandboxes_share_one_file(local_client: orchard.Client, tmp_path: Path) -> None:

@@ -342,6 +342,9 @@ def _text(data: bytes | bytearray) -> str:
     return data.decode("utf-8", "replace")
 
 
+_STREAMS = ("output", "stdout", "stderr")
+
+
 def _head_tail(data: bytes) -> tuple[str, str]:
     """The first HEAD bytes, and the last TAIL if there is more (else ``""``), as text."""
     if len(data) <= HEAD + TAIL:
@@ -390,21 +393,23 @@ def _command(
 def exec_result(result: ExecResult, merged: bool = False) -> Record:
     """The fields of an exec's outcome."""
     found: Record = {"exit_code": result.exit_code, "signal": result.signal, "timed_out": result.timed_out}
-    streams: list[tuple[str, bytes, int, bool]] = [
-        ("stdout", result.stdout_bytes, result.stdout_total, result.stdout_truncated),
-        ("stderr", result.stderr_bytes, result.stderr_total, result.stderr_truncated),
-    ]
     if merged:
-        streams.insert(0, ("output", result.output_bytes, result.output_total, result.output_truncated))
-    for name, data, total, truncated in streams:
-        head, tail = _head_tail(data)
-        found |= {
-            f"{name}_total": total,
-            f"{name}_truncated": truncated,
-            f"{name}_head": head,
-            f"{name}_tail": tail,
-        }
+        _stream(found, _KEYS["output"], result.output_bytes, result.output_total, result.output_truncated)
+    _stream(found, _KEYS["stdout"], result.stdout_bytes, result.stdout_total, result.stdout_truncated)
+    _stream(found, _KEYS["stderr"], result.stderr_bytes, result.stderr_total, result.stderr_truncated)
     return found
+
+
+# Field names per stream, made once: this runs on every exec.
+_KEYS = {name: tuple(f"{name}_{field}" for field in ("total", "truncated", "head", "tail")) for name in _STREAMS}
+
+
+def _stream(found: Record, keys: tuple[str, ...], data: bytes, total: int, truncated: bool) -> None:
+    head, tail = _head_tail(data)
+    found[keys[0]] = total
+    found[keys[1]] = truncated
+    found[keys[2]] = head
+    found[keys[3]] = tail
 
 
 def _status(status: ProcessStatus) -> Record:
