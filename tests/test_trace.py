@@ -7,12 +7,14 @@ import hashlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 
 import orchard
@@ -296,6 +298,33 @@ def test_through_the_sync_facade(local_root: Path, tmp_path: Path) -> None:
     found = records(path)
     assert [r["type"] for r in found] == ["sandbox_create", "exec", "exec_stream", "sandbox_close"]
     assert (found[1]["stdout_head"], found[2]["stdout_head"]) == ("hi\n", "s\n")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def test_forward_is_recorded_when_its_block_exits(local_client: orchard.Client) -> None:
+    got: list[dict[str, Any]] = []
+    port, closed = free_port(), free_port()
+    async with local_client.sandbox(trace=got.append) as sb:
+        await sb.start_process(["python3", "-m", "http.server", str(port), "--bind", "127.0.0.1"])
+        async with sb.forward(port, wait=WAIT) as url, aiohttp.ClientSession() as http:
+            async with http.get(url) as resp:
+                assert resp.status == 200
+            assert [r["type"] for r in got][-1] == "process_start"  # not yet: the block is open
+        with pytest.raises(errors.PortClosed):
+            async with sb.forward(closed):
+                pass
+        with pytest.raises(KeyError):
+            async with sb.forward(port):
+                raise KeyError("the caller's own")
+    ok, refused, raised = (r for r in got if r["type"] == "forward")
+    assert (ok["port"], ok["url"], ok["error"]) == (port, url, None)
+    assert (refused["port"], refused["error"]["type"]) == (closed, "PortClosed")
+    assert (raised["port"], raised["error"]) == (port, None)
 
 
 async def test_records_of_two_sandboxes_share_one_file(local_client: orchard.Client, tmp_path: Path) -> None:

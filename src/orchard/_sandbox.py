@@ -456,6 +456,7 @@ class Sandbox:
         """The executor's version, uptime and load."""
         return await self._rpc.call("GET", "/v1/info", Info)
 
+    @trace.traced_context("forward", trace.describe_forward)
     def forward(self, port: int, *, wait: float = 0.0, check: bool = True) -> AbstractAsyncContextManager[str]:
         """A local URL for a TCP port inside the sandbox, for an ``async with`` block.
 

@@ -16,12 +16,14 @@ an ``upload``) are not recorded apart: one record per call of the user's.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import hashlib
 import inspect
 import os
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Coroutine, Mapping
+from contextlib import AbstractAsyncContextManager
 from contextvars import ContextVar
 from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
 
@@ -223,10 +225,63 @@ def traced_stream(
     return wrap
 
 
-def _emit_failure(rec: Recorder, kind: str, start: float, duration: float, fields: Record, exc: BaseException) -> None:
+def traced_context(
+    kind: str, describe: Describe
+) -> Callable[
+    [Callable[Concatenate[Any, P], AbstractAsyncContextManager[T]]],
+    Callable[Concatenate[Any, P], AbstractAsyncContextManager[T]],
+]:
+    """Record a method returning an async context manager as one ``kind`` record, when the block exits."""
+
+    def wrap(
+        method: Callable[Concatenate[Any, P], AbstractAsyncContextManager[T]],
+    ) -> Callable[Concatenate[Any, P], AbstractAsyncContextManager[T]]:
+        @functools.wraps(method)
+        def call(self: Any, /, *args: P.args, **kwargs: P.kwargs) -> AbstractAsyncContextManager[T]:
+            rec: Recorder | None = self._trace
+            if rec is None or rec.closed or _inside.get():
+                return method(self, *args, **kwargs)
+            fields, done = describe(self, *args, **kwargs)
+            return _block(rec, kind, fields, done, method(self, *args, **kwargs))
+
+        return call
+
+    return wrap
+
+
+@contextlib.asynccontextmanager
+async def _block(
+    rec: Recorder, kind: str, fields: Record, done: Done, inner: AbstractAsyncContextManager[T]
+) -> AsyncIterator[T]:
+    start, t0 = time.time(), time.perf_counter()
+    in_block = False
+    try:
+        async with inner as value:
+            if done is not None:
+                fields |= done(value)
+            in_block = True
+            yield value
+            in_block = False
+    except BaseException as exc:
+        # An error of the caller's block is not this call's: the block is then recorded as it went.
+        _emit_failure(rec, kind, start, time.perf_counter() - t0, fields, exc, own=not in_block)
+        raise
+    rec.emit(kind, start, time.perf_counter() - t0, fields, None)
+
+
+def _emit_failure(
+    rec: Recorder,
+    kind: str,
+    start: float,
+    duration: float,
+    fields: Record,
+    exc: BaseException,
+    *,
+    own: bool = True,
+) -> None:
     # The call's own error matters more than its record: keep it, and say what was lost.
     try:
-        rec.emit(kind, start, duration, fields, exc)
+        rec.emit(kind, start, duration, fields, exc if own else None)
     except Exception as trace_exc:
         exc.add_note(f"orchard: this call's trace record was lost: {trace_exc}")
 
@@ -551,6 +606,11 @@ def describe_read_file(_: object, path: str) -> tuple[Record, Done]:
 def describe_receive(_: object, path: str) -> tuple[Record, _Watch]:
     """``Sandbox.stream_file`` and ``download_tar``: counted and hashed as they stream."""
     return {"path": path}, _Bytes()
+
+
+def describe_forward(_: object, port: int, **options: Any) -> tuple[Record, Done]:
+    """``Sandbox.forward``: recorded when its block exits; ``url`` is the local end."""
+    return {"port": port, **_scalars(options)}, lambda url: {"url": url}
 
 
 def describe_path(_: object, path: str = ".", **options: Any) -> tuple[Record, Done]:
