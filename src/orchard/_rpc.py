@@ -490,6 +490,8 @@ class ExecutorClient:
                     ssl=self._ssl,
                     max_msg_size=max_msg_size,
                     autoping=True,
+                    # Closing waits this long for the executor's reply: a frozen one holds up no exit.
+                    timeout=aiohttp.ClientWSTimeout(ws_receive=None, ws_close=2.0),
                 )
         except aiohttp.WSServerHandshakeError as exc:
             # The handshake's error body is not kept by aiohttp: the status says which error it was.
