@@ -7,7 +7,8 @@ their fields are documented in docs/trace.md; ``SCHEMA_VERSION`` is each
 record's ``"v"``.
 
 The Sandbox, Process and Shell methods are wrapped by ``traced`` (coroutine
-methods) and ``traced_stream`` (methods returning an async iterator); each
+methods), ``traced_stream`` (methods returning an async iterator) and
+``traced_context`` (``forward``, an async context manager); each
 names a describer below, which turns the call's arguments and outcome into
 fields. Calls a traced call makes itself (the ``stat`` and ``write_file`` of
 an ``upload``) are not recorded apart: one record per call of the user's.
@@ -60,13 +61,34 @@ _ENCODE = msgspec.json.Encoder().encode
 _inside: ContextVar[bool] = ContextVar("orchard_trace_inside", default=False)
 
 
+class _File:
+    """A trace file: each record one ``write(2)`` of one line, nothing buffered."""
+
+    def __init__(self, path: str) -> None:
+        try:
+            # O_NONBLOCK: a FIFO without a reader fails (ENXIO) instead of hanging the open.
+            self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NONBLOCK, 0o600)
+        except OSError as exc:
+            raise TraceError(f"trace={path!r} cannot be written: {exc.strerror}", path=path) from exc
+        os.set_blocking(self.fd, True)
+        self.path = path
+
+    def __call__(self, record: Record) -> None:
+        data = _ENCODE(record) + b"\n"
+        try:
+            while data:
+                data = data[os.write(self.fd, data) :]
+        except OSError as exc:
+            raise TraceError(
+                f"trace={self.path!r}: a record could not be written: {exc.strerror}", path=self.path
+            ) from exc
+
+
 class Recorder:
     """Where one sandbox's records go: a file, or a function."""
 
-    def __init__(self, sink: Callable[[Record], object], *, fd: int | None = None, path: str | None = None) -> None:
+    def __init__(self, sink: Callable[[Record], object]) -> None:
         self._sink = sink
-        self._fd = fd
-        self.path = path
         #: Set once the sandbox has an id; every record carries it.
         self.sandbox_id: str | None = None
         self.closed = False
@@ -80,30 +102,12 @@ class Recorder:
             ConfigError: ``trace`` is neither a path nor a plain function.
         """
         if isinstance(trace, str | os.PathLike) and isinstance(path := os.fspath(trace), str):
-            try:
-                # O_NONBLOCK: a FIFO without a reader fails (ENXIO) instead of hanging the open.
-                fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NONBLOCK, 0o600)
-            except OSError as exc:
-                raise TraceError(f"trace={path!r} cannot be written: {exc.strerror}", path=path) from exc
-            os.set_blocking(fd, True)
-            recorder = cls(lambda record: None, fd=fd, path=path)
-            recorder._sink = recorder._write
-            return recorder
+            return cls(_File(path))
         if callable(trace) and not isinstance(trace, type):
             if inspect.iscoroutinefunction(trace):
                 raise ConfigError("trace= takes a plain function of one record; an async one would never run")
             return cls(trace)
         raise ConfigError(f"trace= takes a file path (str or os.PathLike) or a function of one record, not {trace!r}")
-
-    def _write(self, record: Record) -> None:
-        data = _ENCODE(record) + b"\n"
-        try:
-            while data:
-                data = data[os.write(self._fd, data) :]  # type: ignore[arg-type]
-        except OSError as exc:
-            raise TraceError(
-                f"trace={self.path!r}: a record could not be written: {exc.strerror}", path=self.path
-            ) from exc
 
     def emit(
         self, kind: str, start: float, duration: float, fields: Mapping[str, Any], error: BaseException | None
@@ -127,10 +131,9 @@ class Recorder:
 
     def close(self) -> None:
         """Record nothing more and close the file; safe to call twice."""
+        if not self.closed and isinstance(self._sink, _File):
+            os.close(self._sink.fd)
         self.closed = True
-        if self._fd is not None:
-            fd, self._fd = self._fd, None
-            os.close(fd)
 
     async def record_create(self, create: Coroutine[Any, Any, S], fields: Record) -> S:
         """Await ``create`` (a sandbox start), trace the sandbox and record its start.
