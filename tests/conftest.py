@@ -9,9 +9,6 @@ directories) live in their own modules and use ``local_client``.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
-import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +19,8 @@ import orchard
 
 #: Backends the generic tests run on (``ORCHARD_TEST_BACKENDS=local,local-bwrap``);
 #: other backends add themselves to ``client`` below.
-BACKENDS = os.environ.get("ORCHARD_TEST_BACKENDS", "local").split(",")
+# In support.py, so that test modules import them from there: another conftest can own the name "conftest".
+from support import BACKENDS, unisolated_ok  # noqa: E402, F401
 
 SANDBOXES = pytest.StashKey[list[orchard.Sandbox]]()
 
@@ -43,16 +41,6 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 def local_root(tmp_path: Path) -> Path:
     """Where the local backend puts its sandbox directories for this test."""
     return tmp_path / "sandboxes"
-
-
-@contextlib.contextmanager
-def unisolated_ok() -> Iterator[None]:
-    """Where a test chose ``isolation="none"`` on purpose: its warning is expected."""
-    from orchard.errors import UnisolatedWarning
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UnisolatedWarning)
-        yield
 
 
 @pytest.fixture

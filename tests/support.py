@@ -12,6 +12,7 @@ import socket
 import ssl
 import struct
 import threading
+import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
 import aiohttp
@@ -199,3 +200,17 @@ def to_executor(segments: list[Segment], sb: orchard.Sandbox) -> list[Segment]:
     """The captured segments that went to the sandbox's executor (its address and port)."""
     url = yarl.URL(sb._rpc._base)
     return [s for s in segments if s.dst == url.host and s.dport == url.port]
+
+
+#: Backends the generic tests run on (``ORCHARD_TEST_BACKENDS=local,local-bwrap``).
+BACKENDS = os.environ.get("ORCHARD_TEST_BACKENDS", "local").split(",")
+
+
+@contextlib.contextmanager
+def unisolated_ok() -> Iterator[None]:
+    """Where a test chose ``isolation="none"`` on purpose: its warning is expected."""
+    from orchard.errors import UnisolatedWarning
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UnisolatedWarning)
+        yield

@@ -19,7 +19,6 @@ import msgspec
 import pytest
 
 import orchard
-from conftest import unisolated_ok
 from handles_support import attach_in_child, token_of
 from orchard import _handle
 from orchard.errors import (
@@ -31,7 +30,7 @@ from orchard.errors import (
     SandboxLost,
     SandboxTimeout,
 )
-from support import eventually
+from support import eventually, unisolated_ok
 
 pytestmark = pytest.mark.executor
 

@@ -24,10 +24,9 @@ import pytest
 
 import orchard
 import orchard.sync
-from conftest import BACKENDS, unisolated_ok
 from orchard.errors import PathNotFound, SandboxClosed, SyncLoopError
 from orchard_executor.protocol import ExitEvent, OutputEvent
-from support import host_pid_alive
+from support import BACKENDS, host_pid_alive, unisolated_ok
 
 pytestmark = [pytest.mark.executor, pytest.mark.filterwarnings("ignore::orchard.errors.UnisolatedWarning")]
 

@@ -19,9 +19,8 @@ import pytest
 
 import orchard
 import orchard.sync
-from conftest import unisolated_ok
 from orchard import errors
-from support import WAIT, agen
+from support import WAIT, agen, unisolated_ok
 
 pytestmark = pytest.mark.executor
 
