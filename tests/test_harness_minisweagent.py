@@ -6,6 +6,7 @@ import gc
 
 import pytest
 
+import orchard
 import orchard.sync
 from harness_minisweagent_support import check_run
 from orchard.harness.minisweagent import OrchardEnvironment
@@ -33,6 +34,12 @@ def test_template_vars_timeouts_and_close() -> None:
     assert slow["output"] == "started\n"
     assert "timed out after 1 seconds" in slow["exception_info"]
     assert env.serialize()["info"]["config"]["environment_type"].endswith("OrchardEnvironment")
+    # A backend given as a config object still serializes (mini-swe-agent saves trajectories as JSON).
+    configured = OrchardEnvironment(backend=orchard.LocalConfig())
+    try:
+        assert configured.serialize()["info"]["config"]["environment"]["backend"].startswith("LocalConfig(")
+    finally:
+        configured.close()
     env.close()
     with pytest.raises(orchard.errors.SandboxClosed):
         sandbox.exec("true")

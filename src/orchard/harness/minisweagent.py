@@ -34,7 +34,7 @@ from typing import Any
 
 from minisweagent.exceptions import Submitted
 from minisweagent.utils.serialize import recursive_merge
-from pydantic import BaseModel
+from pydantic import BaseModel, field_serializer
 
 from .. import sync
 from .._backends import BackendConfig
@@ -65,6 +65,11 @@ class OrchardEnvironmentConfig(BaseModel):
     """Run commands under a login shell (``bash -l``), so profile scripts load."""
     sandbox: dict[str, Any] = {}
     """More ``SandboxSpec`` options: cpu, memory, ttl, idle_timeout, ..."""
+
+    @field_serializer("backend")
+    def _backend_name(self, backend: Any) -> str:
+        # A backend config object goes into saved trajectories (JSON) as its repr.
+        return backend if isinstance(backend, str) else repr(backend)
 
 
 class OrchardEnvironment:
