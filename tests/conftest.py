@@ -106,3 +106,11 @@ async def sandbox(
 async def sb(sandbox: SandboxFactory) -> orchard.Sandbox:
     """One sandbox with the default spec."""
     return await sandbox()
+
+
+@pytest.fixture
+async def quick_client(local_root: Path) -> AsyncIterator[orchard.Client]:
+    """A local Client with short deadlines: 2 s to answer, a probe after 1 s of silence."""
+    config = orchard.LocalConfig(root=str(local_root), isolation="none")
+    async with orchard.Client(config, read_timeout=2.0, liveness_timeout=1.0) as client:
+        yield client

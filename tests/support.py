@@ -8,6 +8,7 @@ import dataclasses
 import hashlib
 import os
 import random
+import signal
 import socket
 import ssl
 import struct
@@ -214,3 +215,13 @@ def unisolated_ok() -> Iterator[None]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UnisolatedWarning)
         yield
+
+
+@contextlib.contextmanager
+def stopped(pid: int) -> Iterator[None]:
+    """A process frozen with SIGSTOP for the block (an executor that answers nothing), then let go."""
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(pid, signal.SIGCONT)

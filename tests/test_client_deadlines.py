@@ -11,9 +11,6 @@ and kills the commands.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
-import signal
 from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -28,7 +25,7 @@ from orchard._rpc import ExecutorClient
 from orchard._sandbox import Sandbox
 from orchard._spec import SandboxSpec
 from orchard_executor.protocol import Info
-from support import host_pid_alive, read_pid
+from support import host_pid_alive, read_pid, stopped
 
 pytestmark = pytest.mark.executor
 
@@ -46,23 +43,6 @@ async def bounded(aw: Awaitable[T]) -> T:
 
 
 # A real executor, frozen with SIGSTOP
-
-
-@pytest.fixture
-async def quick_client(local_root: Path) -> AsyncIterator[orchard.Client]:
-    """A local Client with short deadlines: 2 s to answer, a probe after 1 s of silence."""
-    config = orchard.LocalConfig(root=str(local_root), isolation="none")
-    async with orchard.Client(config, read_timeout=2.0, liveness_timeout=1.0) as client:
-        yield client
-
-
-@contextlib.contextmanager
-def stopped(pid: int) -> Any:
-    os.kill(pid, signal.SIGSTOP)
-    try:
-        yield
-    finally:
-        os.kill(pid, signal.SIGCONT)
 
 
 async def test_a_stopped_executor_gives_a_typed_timeout(quick_client: orchard.Client) -> None:

@@ -197,13 +197,21 @@ async def drained(reader: asyncio.StreamReader) -> bytes:
     return data
 
 
+async def connected_with_bytes_sent(
+    sb: orchard.Sandbox, url: str
+) -> tuple[int, asyncio.StreamReader, asyncio.StreamWriter]:
+    """A connection through the forwarded port that has delivered 3 bytes to the counting server."""
+    port = int(url.rsplit(":", 1)[1])
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"abc")
+    await writer.drain()
+    await eventually(lambda: received(sb, b"3"), what="the bytes to arrive")
+    return port, reader, writer
+
+
 async def test_the_tunnel_closes_when_the_block_exits(sb: orchard.Sandbox, servers: tuple[int, int]) -> None:
     async with sb.forward(servers[1]) as url:
-        port = int(url.rsplit(":", 1)[1])
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(b"abc")
-        await writer.drain()
-        await eventually(lambda: received(sb, b"3"), what="the bytes to arrive")
+        port, reader, writer = await connected_with_bytes_sent(sb, url)
     # The server in the sandbox saw its connection end (it counts what it got), and the local one ended too.
     await eventually(lambda: logged(sb, "closed.log", 2), what="the server's connection to close")
     # forward()'s check at entry was the first connection.
@@ -216,11 +224,7 @@ async def test_the_tunnel_closes_when_the_block_exits(sb: orchard.Sandbox, serve
 
 async def test_the_tunnel_closes_when_the_sandbox_does(sb: orchard.Sandbox, servers: tuple[int, int]) -> None:
     async with sb.forward(servers[1]) as url:
-        port = int(url.rsplit(":", 1)[1])
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(b"abc")
-        await writer.drain()
-        await eventually(lambda: received(sb, b"3"), what="the bytes to arrive")
+        port, reader, writer = await connected_with_bytes_sent(sb, url)
         await sb.aclose()
         assert await drained(reader) == b""
         writer.close()

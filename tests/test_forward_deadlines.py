@@ -3,36 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
-import signal
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 
 import pytest
 
 import orchard
-from support import WAIT, eventually
+from support import WAIT, eventually, stopped
 from test_forward import drained, received, start_servers
 
 pytestmark = pytest.mark.executor
-
-
-@pytest.fixture
-async def quick_client(local_root: Path) -> AsyncIterator[orchard.Client]:
-    """A local Client with short deadlines: 2 s to answer, a probe after 1 s of silence."""
-    config = orchard.LocalConfig(root=str(local_root), isolation="none")
-    async with orchard.Client(config, read_timeout=2.0, liveness_timeout=1.0) as client:
-        yield client
-
-
-@contextlib.contextmanager
-def stopped(pid: int) -> Iterator[None]:
-    os.kill(pid, signal.SIGSTOP)
-    try:
-        yield
-    finally:
-        os.kill(pid, signal.SIGCONT)
 
 
 async def test_a_frozen_executor_resets_forwarded_connections(quick_client: orchard.Client) -> None:

@@ -16,10 +16,10 @@ from orchard_executor.protocol import Info
 
 from . import _handle, _tls, _trace
 from ._backends import BackendConfig, build_backend, make_config
-from ._backends.base import Backend
+from ._backends.base import Backend, Instance
 from ._rpc import LIVENESS_TIMEOUT, READ_TIMEOUT, ExecutorClient
 from ._sandbox import Sandbox
-from ._spec import make_spec
+from ._spec import SandboxSpec, make_spec
 from .errors import ConfigError, InvalidHandle, OrchardError, SandboxClosed, SandboxTimeout
 
 
@@ -135,22 +135,6 @@ class Client:
             await instance.delete()
             raise SandboxClosed("this Client was closed while the sandbox started", sandbox_id=sandbox_id)
         timings = {"queued": waited} | {k: v + waited for k, v in instance.timings.items()}
-        rpc = ExecutorClient(
-            # A backend may give a sandbox its own session (the local backend's unix sockets).
-            getattr(instance, "http", None) or http,
-            instance.base_url,
-            token,
-            sandbox_id=sandbox_id,
-            fingerprint=tls.fingerprint if tls is not None else None,
-            diagnose=instance.diagnose,
-            read_timeout=self._read_timeout,
-            liveness_timeout=self._liveness_timeout,
-        )
-
-        async def close() -> None:
-            self._live.pop(sandbox_id, None)
-            await instance.delete()
-
         fields = _handle.HandleFields(
             backend=backend.name,
             sandbox_id=sandbox_id,
@@ -159,9 +143,40 @@ class Client:
             fingerprint=tls.fingerprint if tls is not None else None,
             **instance.describe(),
         )
+        return self._adopt(instance, self._rpc(instance, fields, http), fields, sandbox_spec, timings)
+
+    def _rpc(self, instance: Instance, fields: _handle.HandleFields, http: aiohttp.ClientSession) -> ExecutorClient:
+        """The client of a sandbox's executor, as its handle's fields say to reach it."""
+        return ExecutorClient(
+            # A backend may give a sandbox its own session (the local backend's unix sockets).
+            getattr(instance, "http", None) or http,
+            instance.base_url,
+            fields.token,
+            sandbox_id=fields.sandbox_id,
+            fingerprint=fields.fingerprint,
+            diagnose=instance.diagnose,
+            read_timeout=self._read_timeout,
+            liveness_timeout=self._liveness_timeout,
+        )
+
+    def _adopt(
+        self,
+        instance: Instance,
+        rpc: ExecutorClient,
+        fields: _handle.HandleFields,
+        spec: SandboxSpec,
+        timings: dict[str, float],
+    ) -> Sandbox:
+        """The Sandbox of a started or attached instance, open in this Client until it closes."""
+        sandbox_id = fields.sandbox_id
+
+        async def close() -> None:
+            self._live.pop(sandbox_id, None)
+            await instance.delete()
+
         sb = Sandbox(
             sandbox_id=sandbox_id,
-            spec=sandbox_spec,
+            spec=spec,
             rpc=rpc,
             timings=timings,
             close=close,
@@ -209,16 +224,7 @@ class Client:
         try:
             async with asyncio.timeout(timeout):
                 instance = await backend.attach(fields, owner=owner)
-                rpc = ExecutorClient(
-                    getattr(instance, "http", None) or http,
-                    instance.base_url,
-                    fields.token,
-                    sandbox_id=sandbox_id,
-                    fingerprint=fields.fingerprint,
-                    diagnose=instance.diagnose,
-                    read_timeout=self._read_timeout,
-                    liveness_timeout=self._liveness_timeout,
-                )
+                rpc = self._rpc(instance, fields, http)
                 try:
                     await rpc.call("GET", "/v1/info", Info)  # the token is right and the executor alive
                 except BaseException:
@@ -234,21 +240,7 @@ class Client:
         if self._closed:
             await instance.delete()
             raise SandboxClosed("this Client was closed while the sandbox was being attached", sandbox_id=sandbox_id)
-
-        async def close() -> None:
-            self._live.pop(sandbox_id, None)
-            await instance.delete()
-
-        sb = Sandbox(
-            sandbox_id=sandbox_id,
-            spec=make_spec(fields.image or "local", {}),
-            rpc=rpc,
-            timings={},
-            close=close,
-            handle=lambda: _handle.encode(fields),
-        )
-        self._live[sandbox_id] = sb
-        return sb
+        return self._adopt(instance, rpc, fields, make_spec(fields.image or "local", {}), {})
 
     @contextlib.asynccontextmanager
     async def sandbox(self, image: str = "local", **spec: Any) -> AsyncIterator[Sandbox]:

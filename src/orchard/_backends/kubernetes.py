@@ -405,17 +405,9 @@ class KubernetesBackend:
             await self._create(manifest)
             tracked.mark("created")
             ip = await self._wait_running(tracked, spec.start_timeout)
-            base_url = f"{scheme}://{ip}:{self.config.executor_port}"
-            if self.transport == "auto":
-                # Pod IPs answer from inside the cluster network; from elsewhere, tunnel.
-                if await self._answers(base_url, min(3.0, spec.start_timeout), ssl):
-                    self.transport = "direct"
-                else:
-                    self.transport = "port-forward"
-                    log.info("pod IPs are not reachable from here: using port-forward through the API server")
-            if self.transport == "port-forward":
-                forward = PortForward(self._ws_core, self.config.namespace, sandbox_id, self.config.executor_port)
-                base_url = scheme + (await forward.start()).removeprefix("http")
+            base_url, forward = await self._route(
+                sandbox_id, f"{scheme}://{ip}:{self.config.executor_port}", ssl, min(3.0, spec.start_timeout)
+            )
             await self._wait_executor(tracked, base_url, spec.start_timeout, ssl)
         except BaseException:
             if forward is not None:
@@ -423,6 +415,30 @@ class KubernetesBackend:
             await asyncio.shield(self.delete_pod(sandbox_id))
             raise
         return KubernetesInstance(self, tracked, base_url, forward)
+
+    async def _route(
+        self, name: str, base_url: str, ssl: aiohttp.Fingerprint | bool, within: float
+    ) -> tuple[str, PortForward | None]:
+        """Where this client reaches a pod's executor at ``base_url``: directly, or through a port-forward.
+
+        With ``transport="auto"`` the first pod settles it: pod IPs answer from
+        inside the cluster network; from elsewhere, tunnel.
+        """
+        if self.transport == "auto":
+            if await self._answers(base_url, within, ssl):
+                self.transport = "direct"
+            else:
+                self.transport = "port-forward"
+                log.info("pod IPs are not reachable from here: using port-forward through the API server")
+        if self.transport != "port-forward":
+            return base_url, None
+        scheme, _, address = base_url.partition("://")
+        forward = PortForward(self._ws_core, self.config.namespace, name, int(address.rsplit(":", 1)[1]))
+        try:
+            return scheme + (await forward.start()).removeprefix("http"), forward
+        except BaseException:
+            await forward.close()
+            raise
 
     async def pod_phase(self, name: str) -> Phase:
         """A pod's phase read from the API server (``Deleted`` if it is gone)."""
@@ -461,22 +477,8 @@ class KubernetesBackend:
         base_url = f"https://{phase.pod_ip}:{handle.port}"
         tracked = _Tracked(name)
         tracked.running.set_result(phase.pod_ip)
-        forward: PortForward | None = None
-        try:
-            if self.transport == "auto":
-                if await self._answers(base_url, 3.0, ssl):
-                    self.transport = "direct"
-                else:
-                    self.transport = "port-forward"
-                    log.info("pod IPs are not reachable from here: using port-forward through the API server")
-            if self.transport == "port-forward":
-                # The creator's forward is a listener in its own process: this one makes its own.
-                forward = PortForward(self._ws_core, self.config.namespace, name, handle.port)
-                base_url = "https" + (await forward.start()).removeprefix("http")
-        except BaseException:
-            if forward is not None:
-                await forward.close()
-            raise
+        # The creator's port-forward is a listener in its own process: this client routes on its own.
+        base_url, forward = await self._route(name, base_url, ssl, 3.0)
         return KubernetesInstance(self, tracked, base_url, forward, attached=True, owned=owner)
 
     async def _answers(self, base_url: str, within: float, ssl: aiohttp.Fingerprint | bool) -> bool:
