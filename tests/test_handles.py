@@ -61,6 +61,7 @@ async def test_a_handle_is_a_str_whose_repr_hides_the_token(creator: orchard.Cli
     async with creator.sandbox() as sb:
         handle = sb.handle()
         token = token_of(handle)
+    assert isinstance(handle, orchard.Handle)
     assert isinstance(handle, str)
     assert handle.startswith("orchard1:")
     assert len(handle) < 400
@@ -112,6 +113,30 @@ async def test_closing_an_attached_sandbox_or_its_client_lets_go_without_deletin
         with pytest.raises(SandboxClosed):
             await sb3.exec("true")
         assert (await sb.exec("echo still")).stdout == "still\n"
+
+
+async def test_an_attached_sandbox_is_traced_from_its_attach_to_its_letting_go(
+    creator: orchard.Client, attacher: orchard.Client, tmp_path: Path
+) -> None:
+    trace = tmp_path / "attached.jsonl"
+    async with creator.sandbox() as sb:
+        sb2 = await attacher.attach(sb.handle(), trace=str(trace))
+        await sb2.exec("echo traced")
+        await sb.exec("echo by the creator, not traced here")
+        await sb2.aclose()
+        with pytest.raises(InvalidHandle):
+            await attacher.attach("orchard1:not-a-handle", trace=str(trace))
+    found = [json.loads(line) for line in trace.read_text().splitlines()]
+    assert [r["type"] for r in found] == ["sandbox_attach", "exec", "sandbox_close", "sandbox_attach"]
+    attached, ran, closed, refused = found
+    assert attached["sandbox"] == ran["sandbox"] == closed["sandbox"] == sb.id
+    assert attached["owner"] is False
+    assert attached["error"] is None
+    assert ran["cmd"] == "echo traced"
+    assert ran["stdout_head"] == "traced\n"
+    assert refused["error"]["type"] == "InvalidHandle"
+    assert refused["sandbox"] is None
+    assert token_of(sb.handle()) not in trace.read_text()
 
 
 async def test_owner_true_on_a_local_sandbox_is_a_config_error(

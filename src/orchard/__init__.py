@@ -22,6 +22,7 @@ from orchard_executor.protocol import ExecResult, ExitEvent, FileStat, OutputEve
 from . import errors
 from ._backends import DockerConfig, KubernetesConfig, LocalConfig
 from ._client import Client, sandbox
+from ._handle import Handle
 from ._sandbox import Process, Sandbox, Shell
 from ._spec import SandboxSpec
 from .errors import OrchardError
@@ -34,6 +35,7 @@ __all__ = [
     "ExecResult",
     "ExitEvent",
     "FileStat",
+    "Handle",
     "KubernetesConfig",
     "LocalConfig",
     "OrchardError",

@@ -185,7 +185,9 @@ class Client:
         self._live[sandbox_id] = sb
         return sb
 
-    async def attach(self, handle: str, *, owner: bool = False, timeout: float = 10.0) -> Sandbox:
+    async def attach(
+        self, handle: str, *, owner: bool = False, timeout: float = 10.0, trace: _trace.Trace | None = None
+    ) -> Sandbox:
         """Use a sandbox another client (another process or host) started, from its ``sb.handle()``.
 
         No sandbox is created. The executor must answer with the handle's
@@ -202,6 +204,9 @@ class Client:
         the pod, in this Client's namespace). A local sandbox lives in the
         process that created it, so ``owner=True`` on one is a ``ConfigError``.
 
+        ``trace`` records this client's calls to the sandbox, as on
+        ``create`` (docs/trace.md), starting with a ``sandbox_attach`` record.
+
         Example::
 
             handle = str(sb.handle())                  # in the creating process
@@ -210,6 +215,13 @@ class Client:
         """
         if not 0 < timeout < float("inf"):
             raise ConfigError(f"timeout={timeout!r} must be a positive number of seconds")
+        if trace is None:
+            return await self._attach(handle, owner, timeout)
+        recorder = _trace.Recorder.open(trace)  # fails before anything is attached
+        fields = {"backend": str(type(self.config).__struct_config__.tag), "owner": owner}
+        return await recorder.record_create(self._attach(handle, owner, timeout), fields, "sandbox_attach")
+
+    async def _attach(self, handle: str, owner: bool, timeout: float) -> Sandbox:
         backend, http = self._ensure_open()
         fields = _handle.parse(handle)
         if fields.backend != backend.name:

@@ -135,8 +135,8 @@ class Recorder:
             os.close(self._sink.fd)
         self.closed = True
 
-    async def record_create(self, create: Coroutine[Any, Any, S], fields: Record) -> S:
-        """Await ``create`` (a sandbox start), trace the sandbox and record its start.
+    async def record_create(self, create: Coroutine[Any, Any, S], fields: Record, kind: str = "sandbox_create") -> S:
+        """Await ``create`` (a sandbox start or attach), trace the sandbox and record it as ``kind``.
 
         If the record cannot be written the sandbox is deleted and the error raised.
         """
@@ -145,12 +145,12 @@ class Recorder:
             sb = await create
         except BaseException as exc:
             self.sandbox_id = getattr(exc, "sandbox_id", None)
-            _emit_failure(self, "sandbox_create", start, time.perf_counter() - t0, fields, exc)
+            _emit_failure(self, kind, start, time.perf_counter() - t0, fields, exc)
             self.close()
             raise
         self.sandbox_id = sb.id
         try:
-            self.emit("sandbox_create", start, time.perf_counter() - t0, fields | {"timings": sb.timings}, None)
+            self.emit(kind, start, time.perf_counter() - t0, fields | {"timings": sb.timings}, None)
         except BaseException:
             self.close()
             await asyncio.shield(sb.aclose())
