@@ -112,6 +112,19 @@ async def test_exec_stream_with_login(sb: orchard.Sandbox) -> None:
     assert b"".join(ev.data for ev in events if isinstance(ev, OutputEvent)) == b"from-profile\n"
 
 
+async def test_a_login_shell_session_loads_the_profile_once_and_keeps_what_it_set(sb: orchard.Sandbox) -> None:
+    await write_profile(sb)
+    home = (await sb.exec('printf %s "$HOME"')).stdout
+    # The profile appends to a file each time it runs: a login session runs it once.
+    await sb.write_file(f"{home}/.bash_profile", 'export ORCHARD_LOGIN_MARK=from-profile\necho x >> "$HOME/.runs"\n')
+    sh = await sb.shell(login=True)
+    assert (await sh.exec('echo "[$ORCHARD_LOGIN_MARK]"; ORCHARD_LOGIN_MARK=changed')).stdout == "[from-profile]\n"
+    assert (await sh.exec('echo "[$ORCHARD_LOGIN_MARK]"')).stdout == "[changed]\n"
+    assert (await sb.read_file(f"{home}/.runs")) == b"x\n"
+    plain = await sb.shell()
+    assert (await plain.exec('echo "[$ORCHARD_LOGIN_MARK]"')).stdout == "[]\n"
+
+
 async def test_shell_exec_merges_output(sb: orchard.Sandbox) -> None:
     sh = await sb.shell()
     r = await sh.exec("X=kept; " + ALTERNATE, merge_output=True)

@@ -549,7 +549,9 @@ async def session_create(request: web.Request) -> web.Response:
     req = await _body(request, SessionRequest)
     env = state.env if req.env is None else state.env | req.env
     cwd = files.resolve(req.cwd, state.settings.workdir) if req.cwd else state.settings.workdir
-    session = state.sessions.create(shell=req.shell, cwd=cwd, env=env, path=env.get("PATH", os.defpath))
+    session = state.sessions.create(
+        shell=req.shell, cwd=cwd, env=env, path=env.get("PATH", os.defpath), login=req.login
+    )
     return _reply(request, SessionInfo(id=session.id, cwd=session.cwd))
 
 

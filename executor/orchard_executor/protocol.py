@@ -321,6 +321,10 @@ class SessionRequest(msgspec.Struct, kw_only=True):
     cwd: PathText | None = None
     env: Env | None = None
     shell: PathText = "bash"
+    #: Start from a login shell's state: the first command runs under ``bash --login``, so
+    #: /etc/profile and ~/.bash_profile (or ~/.profile) load (conda, a task's PATH),
+    #: and what they set carries over like everything else.
+    login: bool = False
 
 
 class SessionInfo(msgspec.Struct, kw_only=True):

@@ -59,12 +59,13 @@ eval "$__orchard_cmd"
 class Session:
     """A shell session: a directory holding its state between commands."""
 
-    def __init__(self, id_: str, directory: str, shell: str, cwd: str, env: dict[str, str]) -> None:
+    def __init__(self, id_: str, directory: str, shell: str, cwd: str, env: dict[str, str], login: bool) -> None:
         self.id = id_
         self.dir = directory
         self.shell = shell
         self.cwd = cwd
         self.env = env
+        self.login = login
         self.lock = asyncio.Lock()
 
     async def exec(self, request: SessionExecRequest) -> ExecResult:
@@ -76,11 +77,13 @@ class Session:
             for path in (nxt, cwd_file):
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(path)
+            # Until a command has left a state, a login session starts each one as a login shell.
+            startup = "--login" if self.login and not os.path.exists(state) else "--noprofile"
             result = await run(
                 ExecRequest(
                     cmd=[
                         self.shell,
-                        "--noprofile",
+                        startup,
                         "--norc",
                         "-c",
                         _SCRIPT,
@@ -126,7 +129,7 @@ class SessionTable:
     def __len__(self) -> int:
         return len(self._sessions)
 
-    def create(self, *, shell: str, cwd: str, env: dict[str, str], path: str) -> Session:
+    def create(self, *, shell: str, cwd: str, env: dict[str, str], path: str, login: bool = False) -> Session:
         """Start a session (no process runs until its first command)."""
         found = shutil.which(shell, path=path) if "/" not in shell else shell
         if found is None or not os.access(found, os.X_OK):
@@ -138,7 +141,7 @@ class SessionTable:
         id_ = secrets.token_hex(8)
         directory = os.path.join(self._dir, id_)
         os.makedirs(directory, mode=0o700)
-        session = Session(id_, directory, found, cwd, env)
+        session = Session(id_, directory, found, cwd, env, login)
         self._sessions[id_] = session
         return session
 

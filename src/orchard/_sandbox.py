@@ -445,10 +445,15 @@ class Sandbox:
 
     @trace.traced("shell_open", trace.describe_shell)
     async def shell(
-        self, *, cwd: str | None = None, env: Mapping[str, str] | None = None, shell: str = "bash"
+        self, *, cwd: str | None = None, env: Mapping[str, str] | None = None, shell: str = "bash", login: bool = False
     ) -> Shell:
-        """Open a persistent shell session (needs bash in the sandbox)."""
-        req = SessionRequest(cwd=cwd, env=dict(env) if env else None, shell=shell)
+        """Open a persistent shell session (needs bash in the sandbox).
+
+        With ``login``, the session starts as a login shell would: its first
+        command runs under ``bash -l``, so /etc/profile and ~/.bash_profile
+        (or ~/.profile) load, and what they set carries over.
+        """
+        req = SessionRequest(cwd=cwd, env=dict(env) if env else None, shell=shell, login=login)
         return Shell(self._rpc, await self._rpc.call("POST", "/v1/sessions", SessionInfo, req, retry=False))
 
     @trace.traced("info", trace.describe_nothing)
