@@ -13,6 +13,10 @@ Parts, each also a script of its own (see its docstring):
 - ``lifecycle`` bench_lifecycle.py: the published protocol on kubernetes, local and docker
 - ``scale``     bench_scale.py: the protocol at N=100, 1000, 5000 and 10000 on KWOK fake nodes
 - ``tls``       bench_tls.py: TLS to the executor vs plain HTTP on docker, and HMAC signing's cost
+- ``sync``      bench_sync.py: orchard.sync's overhead per exec against the async call
+- ``trace``     bench_trace.py: trace='s overhead per exec
+- ``forward``   bench_forward.py: sb.forward latency and throughput against reaching the server from inside,
+                on local, local-bwrap, docker and kubernetes (both transports)
 
 Results go to benchmarks/results/NAME.json, plots to benchmarks/results/*.png.
 """
@@ -31,7 +35,7 @@ import bench_scale
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
-PARTS = ("local", "executor", "exec", "startup", "lifecycle", "scale", "tls")
+PARTS = ("local", "executor", "exec", "startup", "lifecycle", "scale", "tls", "sync", "trace", "forward")
 IMAGE = "orchard-test/swe:latest"  # Debian with python3: the protocol's first command needs it
 
 
@@ -54,6 +58,25 @@ def lifecycle(kubeconfig: str, quick: bool) -> None:
         if backend == "kubernetes":  # the others run the same N, "max" included
             ns = [str(r["n"]) for r in out[backend]]
     (RESULTS / "lifecycle.json").write_text(json.dumps(out, indent=2))
+
+
+def forward(kubeconfig: str, quick: bool) -> None:
+    """bench_forward.py on every backend and transport, into one forward.json."""
+    os.environ["KUBECONFIG"] = kubeconfig  # bench_forward.py reads it
+    runs = []
+    for backend, transport in (
+        ("local", "direct"),
+        ("local-bwrap", "direct"),
+        ("docker", "direct"),
+        ("kubernetes", "direct"),
+        ("kubernetes", "port-forward"),
+    ):
+        path = RESULTS / f".forward-{backend}-{transport}.json"
+        argv = [f"--backend={backend}", f"--transport={transport}", f"--json={path}"]
+        python("benchmarks/bench_forward.py", *argv, *(["--reps=50", "--mib=8"] if quick else []))
+        runs.append(json.loads(path.read_text()))
+        path.unlink()
+    (RESULTS / "forward.json").write_text(json.dumps({"runs": runs}, indent=2) + "\n")
 
 
 def main() -> None:
@@ -97,6 +120,10 @@ def main() -> None:
             python("benchmarks/bench_scale.py", kube, json_out, *(f"-n{n}" for n in sizes))
         elif part == "tls":
             python("benchmarks/bench_tls.py", json_out, *(["--reps=100", "--mib=16"] if args.quick else []))
+        elif part in ("sync", "trace"):
+            python(f"benchmarks/bench_{part}.py", json_out, *(["--iterations=200"] if args.quick else []))
+        elif part == "forward":
+            forward(args.kubeconfig, args.quick)
         timings[part] = time.monotonic() - t0
         print(f"== {part}: {timings[part]:.0f} s", flush=True)
     if not args.quick:
