@@ -17,6 +17,8 @@ Example::
 Errors are in ``orchard.errors``; all derive from ``OrchardError``.
 """
 
+from typing import TYPE_CHECKING
+
 from orchard_executor.protocol import ExecResult, ExitEvent, FileStat, OutputEvent, ProcessStatus
 
 from . import errors
@@ -26,6 +28,9 @@ from ._handle import Handle
 from ._sandbox import Process, Sandbox, Shell
 from ._spec import SandboxSpec
 from .errors import OrchardError
+
+if TYPE_CHECKING:
+    from .gateway import ModelGateway
 
 __version__ = "0.1.0"
 
@@ -38,6 +43,7 @@ __all__ = [
     "Handle",
     "KubernetesConfig",
     "LocalConfig",
+    "ModelGateway",
     "OrchardError",
     "OutputEvent",
     "Process",
@@ -48,3 +54,12 @@ __all__ = [
     "errors",
     "sandbox",
 ]
+
+
+def __getattr__(name: str) -> object:
+    # The gateway is imported on first use, so `import orchard` stays light.
+    if name == "ModelGateway":
+        from .gateway import ModelGateway
+
+        return ModelGateway
+    raise AttributeError(f"module 'orchard' has no attribute {name!r}")

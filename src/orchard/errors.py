@@ -194,3 +194,20 @@ EXECUTOR_ERRORS: dict[str, type[ExecutorError]] = {
     "stopping": ExecutorError,
     "internal": ExecutorError,
 }
+
+
+class RecordError(OrchardError, OSError):
+    """The model gateway's ``record=`` file cannot be opened (at construction) or a record could not be written.
+
+    A record that fails to be written is logged at once and this error is
+    raised when the gateway closes; the call itself was answered.
+    """
+
+    def __init__(self, message: str, *, path: str | None = None) -> None:
+        super().__init__(message)
+        #: The record file's path (None for a ``record=`` function).
+        self.path = path
+
+
+class GatewayClosed(OrchardError, RuntimeError):
+    """The model gateway is not running: used outside its ``async with`` block (or before ``start()``)."""
