@@ -532,6 +532,9 @@ class ModelGateway:
                 raise _Failure(502, "the upstream closed the stream before its end ([DONE])", "upstream_error")
             await out.write(translator.finish())
             await out.write_eof()
+            # Read the upstream reply to its end, so its connection is kept for the next call.
+            with contextlib.suppress(TimeoutError, aiohttp.ClientError):
+                await resp.read()
             call.completion = acc.completion()
             call.response = translator.final if translator.final is not None else call.completion
             return out
