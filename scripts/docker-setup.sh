@@ -13,12 +13,13 @@
 #   orchard-test/swe            Debian + bash, git, python3 and a repo at /testbed
 #   orchard-test/noshell        a few coreutils programs, no shell at all
 #   orchard-test/nonroot        busybox as an unprivileged user with nowhere to write
+#   orchard-tools:latest        agent-harness CLIs with their runtimes (images/tools), for tools=[...]
 #
 # It also makes this host refuse connections that network=False sandboxes open
 # to it (an iptables chain, ORCHARD-INPUT: see "sandbox firewall" below).
 #
 # Caches live outside the repository, under $ORCHARD_CACHE (/var/cache/orchard):
-# the base root filesystem and the executor's wheels. dockerd logs to
+# the base root filesystem, the executor's wheels and the tools bundle (with its downloads). dockerd logs to
 # $ORCHARD_CACHE/dockerd.log; its pidfile is /var/run/docker.pid.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -34,7 +35,7 @@ step() { printf '== %s (%ss)\n' "$1" "$SECONDS"; }
 
 step "packages"
 missing=()
-for pkg in docker.io debootstrap busybox-static; do
+for pkg in docker.io debootstrap busybox-static patchelf gcc libc6-dev; do
   dpkg-query -W -f '${Status}' "$pkg" 2>/dev/null | grep -q "ok installed" || missing+=("$pkg")
 done
 if [ ${#missing[@]} -gt 0 ]; then
@@ -128,5 +129,26 @@ tar -c --exclude=__pycache__ --exclude='*.pyc' Dockerfile.executor images/execut
     --label "orchard.executor.source=$source" -t "orchard-executor:$VERSION" -t orchard-executor:latest - >/dev/null
 size=$("$DOCKER" image inspect -f '{{.Size}}' orchard-executor:latest)
 echo "orchard-executor:latest ($VERSION): $((size / 1000000)) MB"
+
+step "tools image"
+# The harness CLIs from the npm registry at pinned versions (images/tools/build_tools.py),
+# built once per version of the build files and kept under $CACHE/tools.
+tools_key=$(cat images/tools/build_tools.py images/tools/launcher.c images/tools/Dockerfile | sha256sum | cut -c1-16)
+if [ "$("$DOCKER" image inspect -f '{{ index .Config.Labels "orchard.tools.key" }}' orchard-tools:latest 2>/dev/null)" != "$tools_key" ]; then
+  ctx=$CACHE/tools/$tools_key
+  mkdir -p "$CACHE/tools"
+  find "$CACHE/tools" -mindepth 1 -maxdepth 1 ! -name "$tools_key" -exec rm -rf {} +
+  if [ ! -f "$ctx/.complete" ]; then
+    rm -rf "$ctx"
+    mkdir -p "$ctx/installer"
+    "$PY" images/tools/build_tools.py --out "$ctx/bundle" --cache "$CACHE/tools-download" --sizes "$ctx/sizes.json"
+    cp /bin/busybox "$ctx/installer/busybox"
+    cp images/tools/Dockerfile "$ctx/Dockerfile"
+    touch "$ctx/.complete"
+  fi
+  "$DOCKER" build -q --network none --label "orchard.tools.key=$tools_key" -t orchard-tools:latest "$ctx" >/dev/null
+fi
+size=$("$DOCKER" image inspect -f '{{.Size}}' orchard-tools:latest)
+echo "orchard-tools:latest: $((size / 1000000)) MB"
 
 step "done"
