@@ -346,3 +346,12 @@ async def test_fifty_sandboxes_in_parallel_leave_nothing_behind(local_client: or
     assert not any(host_pid_alive(p) for p in pids)
     assert leftovers(local_root) == []
     await eventually(lambda: executors_under(local_root) == [], what="no processes left under the root")
+
+
+async def test_tools_on_a_backend_that_cannot_mount_them_is_a_config_error(
+    local_client: orchard.Client, local_root: Path
+) -> None:
+    with pytest.raises(errors.ConfigError, match="local backend cannot mount the harness tools"):
+        await local_client.create(tools=["codex"])
+    assert not local_client._live
+    assert not local_root.exists() or not any(local_root.iterdir())

@@ -123,6 +123,12 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--ready-fd", type=int, default=None, help="write one JSON line with the bound port to this fd once serving"
     )
+    p.add_argument(
+        "--path-append",
+        default=None,
+        metavar="DIRS",
+        help="directories (':'-separated) to append to the PATH of every command, after the image's own",
+    )
     p.add_argument("--exit-with-stdin", action="store_true", help="exit when stdin reaches EOF (parent died)")
     p.add_argument(
         "--orphan-dir", default=None, help="a directory to delete if the executor exits after its parent died"
@@ -159,6 +165,17 @@ def _initial_environ() -> dict[str, str]:
     return env
 
 
+#: PATH where the environment has none: what Docker gives a container whose image sets none.
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def with_path_appended(env: dict[str, str], dirs: str | None) -> dict[str, str]:
+    """``env`` with ``dirs`` after its PATH's own directories (the image's tools win)."""
+    if not dirs:
+        return env
+    return env | {"PATH": f"{env.get('PATH') or DEFAULT_PATH}:{dirs}"}
+
+
 async def serve(args: argparse.Namespace) -> str:
     """Serve until told to stop; returns why it stopped."""
     if not args.token_sha256:
@@ -170,7 +187,7 @@ async def serve(args: argparse.Namespace) -> str:
         workdir=os.path.abspath(args.workdir or os.getcwd()),
         state_dir=args.state_dir,
         idle_timeout=args.idle_timeout,
-        env=clean_environ(_initial_environ()),
+        env=with_path_appended(clean_environ(_initial_environ()), args.path_append),
     )
     # Orphaned descendants come to the executor (PID 1, or a subreaper): reap them.
     init_reaper = reaper.start(asyncio.get_running_loop())

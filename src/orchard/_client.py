@@ -122,6 +122,11 @@ class Client:
     async def _create(self, image: str, spec: dict[str, Any]) -> Sandbox:
         backend, http = self._ensure_open()
         sandbox_spec = make_spec(image, spec)
+        if sandbox_spec.tools and not backend.tools:
+            raise ConfigError(
+                f"tools={sandbox_spec.tools!r}: the {backend.name} backend cannot mount the harness tools bundle "
+                "yet; the docker backend can"
+            )
         sandbox_id = f"sb-{self.session_id}-{secrets.token_hex(4)}"
         token = secrets.token_urlsafe(32)
         t0 = time.monotonic()

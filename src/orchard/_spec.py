@@ -6,6 +6,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from . import _tools
 from .errors import ConfigError
 
 
@@ -50,6 +51,9 @@ class SandboxSpec(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fiel
     network: bool = False
     #: "IfNotPresent", "Always" or "Never" (kubernetes, docker).
     image_pull_policy: Literal["IfNotPresent", "Always", "Never"] = "IfNotPresent"
+    #: Agent-harness CLIs to put on PATH, from the tools bundle ("codex", "claude", "opencode",
+    #: "pi", "openclaw"): mounted read-only, appended after the image's own PATH (docker).
+    tools: list[str] = []
 
 
 def make_spec(image: str, options: dict[str, Any]) -> SandboxSpec:
@@ -58,6 +62,8 @@ def make_spec(image: str, options: dict[str, Any]) -> SandboxSpec:
         spec = msgspec.convert({"image": image, **options}, SandboxSpec)
     except msgspec.ValidationError as exc:
         raise ConfigError(f"invalid sandbox option: {exc}") from None
+    if spec.tools:
+        msgspec.structs.force_setattr(spec, "tools", _tools.check(spec.tools))
     for name in ("ttl", "idle_timeout", "start_timeout"):
         value = getattr(spec, name)
         if value is not None and value <= 0:

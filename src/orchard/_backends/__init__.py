@@ -85,6 +85,9 @@ class DockerConfig(msgspec.Struct, kw_only=True, frozen=True, tag="docker", forb
     host: str | None = None
     #: The image built from Dockerfile.executor; a volume is filled from it once.
     injector_image: str = "orchard-executor:latest"
+    #: The harness tools image (images/tools, built by scripts/docker-setup.sh); a volume is filled
+    #: from it once, for sandboxes with ``tools=[...]``.
+    tools_image: str = "orchard-tools:latest"
     #: Port the executor listens on inside the container, reached at the container's address.
     executor_port: int = 8750
     #: A Docker network to join instead of Orchard's own (the executor port is then published on

@@ -46,6 +46,8 @@ class Backend(Protocol):
     name: str
     #: Whether its executors are reached over a network, and so speak TLS (``start`` gets ``tls``).
     tls: bool
+    #: Whether it mounts the harness tools bundle (``SandboxSpec.tools``).
+    tools: bool
 
     async def start(
         self, spec: SandboxSpec, *, sandbox_id: str, token_sha256: str, tls: Identity | None = None

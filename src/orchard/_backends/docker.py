@@ -42,7 +42,7 @@ from typing import Any
 
 import aiohttp
 
-from .. import _retry
+from .. import _retry, _tools
 from .._handle import HandleFields
 from .._spec import SandboxSpec
 from .._tls import ENV as TLS_ENV
@@ -64,6 +64,18 @@ DIAGNOSE_GRACE = 5.0
 #: Runtime volumes this process has filled, by (engine, injector image id):
 #: every Client after the first one skips the installer.
 _FILLED: dict[tuple[str, str], str] = {}
+#: Fills a tools volume from the tools image (its static busybox): the bundle is copied beside
+#: ``bundle`` and renamed into place, so a sandbox never sees half of it, and two fillers racing
+#: leave one copy.
+TOOLS_FILL = """
+set -e
+b=/installer/busybox
+[ -d /target/bundle ] && exit 0
+staging=/target/.staging-$($b cat /proc/sys/kernel/random/uuid)
+$b cp -a /bundle "$staging"
+$b mv -T "$staging" /target/bundle 2>/dev/null || $b rm -rf "$staging"
+[ -d /target/bundle ]
+"""
 #: Orchard's own networks, by the spec's ``network``: (network name, bridge interface).
 #: Both have inter-container traffic off; the one for ``network=False`` is internal
 #: (no route out). The bridge names are fixed so that two clients creating a network
@@ -193,10 +205,15 @@ def container_config(
         args.append(f"--idle-timeout={spec.idle_timeout:g}")
     if spec.workdir:
         args.append(f"--workdir={spec.workdir}")
+    mounts = [
+        {"Type": "volume", "Source": volume, "Target": MOUNT, "ReadOnly": True, "VolumeOptions": {"NoCopy": True}}
+    ]
+    if spec.tools:
+        args.append(f"--path-append={_tools.path_dirs(spec.tools)}")
+        # The source is set by the backend, once the tools volume is filled.
+        mounts.append({"Type": "volume", "Source": "", "Target": _tools.ROOT, "ReadOnly": True})
     host: dict[str, Any] = {
-        "Mounts": [
-            {"Type": "volume", "Source": volume, "Target": MOUNT, "ReadOnly": True, "VolumeOptions": {"NoCopy": True}}
-        ],
+        "Mounts": mounts,
         "CapDrop": ["ALL"],
         "CapAdd": capabilities(config.cap_add),
         "SecurityOpt": ["no-new-privileges:true"] if config.no_new_privileges else [],
@@ -422,6 +439,7 @@ class DockerBackend:
 
     name = "docker"
     tls = True
+    tools = True
 
     def __init__(self, config: DockerConfig, *, session_id: str, http: aiohttp.ClientSession) -> None:
         self.config = config
@@ -430,6 +448,7 @@ class DockerBackend:
         self._engine = Engine(config.host)
         self._owner = owner_label()
         self._volume: str | None = None
+        self._tools_volume: str | None = None
         self._volume_lock = asyncio.Lock()
         self._networks: dict[bool, str] = {}
         self._network_lock = asyncio.Lock()
@@ -440,6 +459,13 @@ class DockerBackend:
             if self._volume is None:
                 self._volume = await self._fill_volume()
             return self._volume
+
+    async def tools_volume(self) -> str:
+        """The volume holding the tools bundle, filled from the tools image once."""
+        async with self._volume_lock:
+            if self._tools_volume is None:
+                self._tools_volume = await self._fill_tools()
+            return self._tools_volume
 
     async def sandbox_network(self, egress: bool) -> str:
         """The network a sandbox joins: ``DockerConfig.network``, else Orchard's own (by id)."""
@@ -461,15 +487,32 @@ class DockerBackend:
                 f"-t {injector} .`, or set DockerConfig(injector_image=...)",
                 reason="InjectorImageNotFound",
             )
-        volume = f"orchard-runtime-{image_id.removeprefix('sha256:')[:12]}"
+        # The installer does nothing if the runtime is already there, and is safe to race.
+        return await self._fill(injector, image_id, "runtime", install("/target"), "the executor injector")
+
+    async def _fill_tools(self) -> str:
+        image = self.config.tools_image
+        image_id = await self._engine.image_id(image)
+        if image_id is None:
+            raise SandboxStartError(
+                f"tools=[...] needs the tools image {image!r}, which is not on the Docker host: build it with "
+                "scripts/docker-setup.sh (no registry needed), or set DockerConfig(tools_image=...)",
+                reason="ToolsImageNotFound",
+            )
+        return await self._fill(
+            image, image_id, "tools", ["/installer/busybox", "sh", "-c", TOOLS_FILL], "the tools image"
+        )
+
+    async def _fill(self, image: str, image_id: str, role: str, entrypoint: list[str], what: str) -> str:
+        """A volume named after ``image_id``, filled once by running ``entrypoint`` in ``image``."""
+        volume = f"orchard-{role}-{image_id.removeprefix('sha256:')[:12]}"
         if _FILLED.get((self._engine.address, image_id)) == volume:
             return volume
-        labels = {ROLE_LABEL: "runtime", INJECTOR_LABEL: injector}
+        labels = {ROLE_LABEL: role, INJECTOR_LABEL: image}
         await self._engine.request("POST", "/volumes/create", body={"Name": volume, "Labels": labels})
-        # The installer does nothing if the runtime is already there, and is safe to race.
         body = {
-            "Image": injector,
-            "Entrypoint": install("/target"),
+            "Image": image,
+            "Entrypoint": entrypoint,
             "Cmd": [],
             "Labels": {ROLE_LABEL: "installer", OWNER_LABEL: self._owner},
             "HostConfig": {
@@ -486,8 +529,8 @@ class DockerBackend:
             if status != 0:
                 logs = await self._engine.logs(container)
                 raise SandboxStartError(
-                    f"the executor injector {injector!r} failed to fill volume {volume} (exit {status}): {logs}",
-                    reason="InjectorFailed",
+                    f"{what} {image!r} failed to fill volume {volume} (exit {status}): {logs}",
+                    reason="InjectorFailed" if role == "runtime" else "ToolsFillFailed",
                 )
         finally:
             await asyncio.shield(self._engine.remove(container))
@@ -535,6 +578,8 @@ class DockerBackend:
         try:
             async with asyncio.timeout(spec.start_timeout):
                 body["HostConfig"]["Mounts"][0]["Source"] = await self.runtime_volume()
+                if spec.tools:
+                    body["HostConfig"]["Mounts"][1]["Source"] = await self.tools_volume()
                 body["HostConfig"]["NetworkMode"] = await self.sandbox_network(spec.network)
                 await self._ensure_image(spec, sandbox_id)
                 return await self._create_and_start(spec, sandbox_id, body, t0, tls)
@@ -741,23 +786,24 @@ async def collect_garbage(config: DockerConfig, *, dry_run: bool = False) -> lis
             for container_id, _, _ in doomed:
                 await engine.remove(container_id)
         removed = [(name, why) for _, name, why in doomed]
-        # Runtime volumes of injector images that are gone; one in use stays (409).
-        volumes = json.loads(
-            await engine.request(
-                "GET", "/volumes", params={"filters": json.dumps({"label": [f"{ROLE_LABEL}=runtime"]})}
+        # Runtime and tools volumes of images that are gone; one in use stays (409).
+        for role in ("runtime", "tools"):
+            volumes = json.loads(
+                await engine.request(
+                    "GET", "/volumes", params={"filters": json.dumps({"label": [f"{ROLE_LABEL}={role}"]})}
+                )
             )
-        )
-        for volume in volumes.get("Volumes") or []:
-            injector = (volume.get("Labels") or {}).get(INJECTOR_LABEL, "")
-            image_id = await engine.image_id(injector) if injector else None
-            if image_id is not None and volume["Name"] == f"orchard-runtime-{image_id.removeprefix('sha256:')[:12]}":
-                continue
-            if dry_run:
-                removed.append((volume["Name"], "stale runtime volume"))
-                continue
-            with contextlib.suppress(DockerError):
-                await engine.request("DELETE", f"/volumes/{volume['Name']}")
-                removed.append((volume["Name"], "stale runtime volume"))
+            for volume in volumes.get("Volumes") or []:
+                injector = (volume.get("Labels") or {}).get(INJECTOR_LABEL, "")
+                image_id = await engine.image_id(injector) if injector else None
+                if image_id is not None and volume["Name"] == f"orchard-{role}-{image_id.removeprefix('sha256:')[:12]}":
+                    continue
+                if dry_run:
+                    removed.append((volume["Name"], f"stale {role} volume"))
+                    continue
+                with contextlib.suppress(DockerError):
+                    await engine.request("DELETE", f"/volumes/{volume['Name']}")
+                    removed.append((volume["Name"], f"stale {role} volume"))
         return removed
     finally:
         await engine.close()

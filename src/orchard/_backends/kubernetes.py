@@ -192,6 +192,7 @@ class KubernetesBackend:
 
     name = "kubernetes"
     tls = True
+    tools = False
 
     def __init__(self, config: KubernetesConfig, *, session_id: str, http: aiohttp.ClientSession | None = None) -> None:
         self.config = config

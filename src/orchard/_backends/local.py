@@ -598,6 +598,7 @@ class LocalBackend:
     name = "local"
     #: Its executors are on a unix socket or loopback: nothing crosses a network.
     tls = False
+    tools = False
 
     def __init__(self, config: LocalConfig) -> None:
         self._python = config.python or sys.executable
