@@ -489,6 +489,36 @@ class Sandbox:
 
         return forward(self._rpc, self.id, port, wait=wait, check=check)
 
+    def reverse_forward(self, remote_port: int, local_url: str) -> AbstractAsyncContextManager[int]:
+        """A port inside the sandbox that leads to ``local_url`` on this side, for an ``async with`` block.
+
+        ``async with sb.reverse_forward(8000, "http://127.0.0.1:9000") as port:``
+        makes the executor listen on 127.0.0.1:8000 in the sandbox; each
+        connection a process there makes to it is tunnelled back through the
+        executor (authenticated, over the sandbox's TLS or unix socket) to
+        127.0.0.1:9000 here, as raw TCP, so streaming replies and websockets
+        pass through. The sandbox needs no network of its own. The port closes,
+        and its connections are reset, when the block exits, this client
+        closes or dies, or the sandbox closes.
+
+        Any process in the sandbox can use the port while the block is open.
+
+        Args:
+            remote_port: the port to listen on inside the sandbox, 1..65535, or
+                0 for a free one; the block gets the port bound.
+            local_url: where connections lead, reached from this process:
+                ``http://host:port``, ``host:port`` (no path: the tunnel is TCP).
+
+        Raises:
+            ConfigError: A port or ``local_url`` that cannot be used.
+            InvalidRequest: ``remote_port`` is in use in the sandbox.
+            PermissionDenied: The executor may not bind ``remote_port`` (below 1024).
+            ExecutorError: ``too_many_tunnels``: the executor has ``MAX_LISTENERS`` ports listening.
+        """
+        from ._reverse import reverse_forward
+
+        return reverse_forward(self._rpc, self.id, remote_port, local_url)
+
     # Files
 
     @trace.traced("file_write", trace.describe_write_file)

@@ -453,6 +453,7 @@ class Sandbox(_Proxy[_sandbox.Sandbox]):
     upload_tar = _blocking(_sandbox.Sandbox.upload_tar)
     # The tunnel is served by the loop thread, so the caller's thread is free to use the URL.
     forward = _managing(_sandbox.Sandbox.forward, _url)
+    reverse_forward = _managing(_sandbox.Sandbox.reverse_forward, lambda port, loop: int(port))
 
 
 _SYNC_TYPES: dict[type, Callable[[Any, _Loop], Any]] = {
