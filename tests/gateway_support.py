@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import dataclasses
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from aiohttp import web
@@ -123,6 +123,8 @@ class Upstream:
         #: Set when a client hung up on a streamed reply (or a stalled one) before its end.
         self.hung_up = asyncio.Event()
         self.url = ""
+        #: Picks the reply to a request from its body, instead of the queue (a model that follows a script).
+        self.choose: Callable[[Json], Turn] | None = None
         self._runner: web.AppRunner | None = None
 
     def script(self, *turns: Turn) -> None:
@@ -132,7 +134,10 @@ class Upstream:
         body = await request.json()
         self.requests.append(body)
         self.headers.append(dict(request.headers))
-        turn = self.turns.pop(0) if self.turns else Turn(text="ok")
+        if self.choose is not None:
+            turn = self.choose(body)
+        else:
+            turn = self.turns.pop(0) if self.turns else Turn(text="ok")
         model = body.get("model", "")
         try:
             if turn.stall:

@@ -8,7 +8,7 @@ import hashlib
 import secrets
 import time
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
@@ -21,6 +21,10 @@ from ._rpc import LIVENESS_TIMEOUT, READ_TIMEOUT, ExecutorClient
 from ._sandbox import Sandbox
 from ._spec import SandboxSpec, make_spec
 from .errors import ConfigError, InvalidHandle, OrchardError, SandboxClosed, SandboxTimeout
+
+if TYPE_CHECKING:
+    from .gateway import ModelGateway
+    from .gateway._wiring import Wiring
 
 
 class Client:
@@ -100,7 +104,9 @@ class Client:
             self._backend = build_backend(self.config, session_id=self.session_id, http=self._http)
         return self._backend, self._http
 
-    async def create(self, image: str = "local", *, trace: _trace.Trace | None = None, **spec: Any) -> Sandbox:
+    async def create(
+        self, image: str = "local", *, trace: _trace.Trace | None = None, model: ModelGateway | None = None, **spec: Any
+    ) -> Sandbox:
         """Start a sandbox and return it once ready; ``await sb.aclose()`` ends it.
 
         Prefer ``async with client.sandbox(...)``, which always deletes it.
@@ -112,14 +118,48 @@ class Client:
         write per record, or a function called with each record (a dict).
         A file that cannot be written raises ``TraceError`` before any
         sandbox starts. Records hold env names, never their values.
-        """
-        if trace is None:
-            return await self._create(image, spec)
-        recorder = _trace.Recorder.open(trace)  # fails before any sandbox starts
-        fields = _trace.describe_create(image, str(type(self.config).__struct_config__.tag), spec)
-        return await recorder.record_create(self._create(image, spec), fields)
 
-    async def _create(self, image: str, spec: dict[str, Any]) -> Sandbox:
+        ``model`` (an open ``orchard.ModelGateway``) points the sandbox's
+        harnesses at that gateway: the sandbox gets its own key and the
+        variables and config files each bundled harness reads, and the gateway
+        answers inside it at ``http://127.0.0.1:4319`` through a reverse tunnel
+        over the executor's connection (no egress is opened), until it closes;
+        then its key is revoked. ``spec``'s own ``env`` wins over those variables.
+        """
+        sandbox_id = f"sb-{self.session_id}-{secrets.token_hex(4)}"
+        wiring = None
+        if model is not None:
+            from .gateway._wiring import Wiring
+
+            wiring = Wiring(model, sandbox_id)
+            spec = {**spec, "env": {**wiring.env, **(spec.get("env") or {})}}
+        if trace is None:
+            return await self._create(image, spec, sandbox_id, wiring)
+        try:
+            recorder = _trace.Recorder.open(trace)  # fails before any sandbox starts
+        except BaseException:
+            if wiring is not None:
+                wiring.forget()
+            raise
+        fields = _trace.describe_create(image, str(type(self.config).__struct_config__.tag), spec)
+        return await recorder.record_create(self._create(image, spec, sandbox_id, wiring), fields)
+
+    async def _create(self, image: str, spec: dict[str, Any], sandbox_id: str, wiring: Wiring | None) -> Sandbox:
+        try:
+            sb = await self._start(image, spec, sandbox_id)
+        except BaseException:
+            if wiring is not None:
+                wiring.forget()
+            raise
+        if wiring is not None:
+            try:
+                await wiring.connect(sb)
+            except BaseException:
+                await asyncio.shield(sb.aclose())
+                raise
+        return sb
+
+    async def _start(self, image: str, spec: dict[str, Any], sandbox_id: str) -> Sandbox:
         backend, http = self._ensure_open()
         sandbox_spec = make_spec(image, spec)
         if sandbox_spec.tools and not backend.tools:
@@ -127,7 +167,6 @@ class Client:
                 f"tools={sandbox_spec.tools!r}: the {backend.name} backend cannot mount the harness tools bundle "
                 "yet; the docker backend can"
             )
-        sandbox_id = f"sb-{self.session_id}-{secrets.token_hex(4)}"
         token = secrets.token_urlsafe(32)
         t0 = time.monotonic()
         tls = _tls.make_identity(sandbox_id) if backend.tls else None
