@@ -113,9 +113,10 @@ PAUSE_IMAGE = "registry.k8s.io/pause:3.6"  # containerd 1.6's default sandbox im
 HTTPD_IMAGE = "orchard.local/devcluster/httpd:1"  # busybox httpd serving /www on :8080
 
 # scripts/docker-setup.sh builds these (injector: orchard-executor:latest and :VERSION; task images
-# orchard-test/{busybox,swe,noshell,nonroot}); Debian's docker CLI, as that script uses.
+# orchard-test/{busybox,swe,noshell,nonroot}; the harness tools, orchard-tools:latest); Debian's
+# docker CLI, as that script uses.
 DOCKER = "/usr/bin/docker"
-DOCKER_IMAGE_PREFIXES = ("orchard-executor:", "orchard-test/")
+DOCKER_IMAGE_PREFIXES = ("orchard-executor:", "orchard-test/", "orchard-tools:")
 
 PACKAGES = [
     "containerd",

@@ -33,6 +33,29 @@ def check(names: Iterable[str]) -> list[str]:
     return chosen
 
 
+#: The bundle's shared runtimes each harness runs on, beside its own directory.
+NEEDS = {"pi": ("node",), "openclaw": ("node",), "mini": ("python",)}
+
+#: Copies the chosen parts of the bundle (``$@``) from the tools image's /bundle into /target/bundle,
+#: with the tools image's static busybox (kubernetes: the init container of a pod with tools).
+COPY = """
+set -e
+b=/installer/busybox
+$b mkdir -p /target/bundle
+for part in "$@"; do $b cp -a "/bundle/$part" /target/bundle/; done
+"""
+
+
+def parts(names: Iterable[str]) -> list[str]:
+    """The top-level entries of the bundle that ``names`` need: the loader's libraries, runtimes, themselves."""
+    out = ["lib", "VERSIONS"]
+    for name in names:
+        for part in (*NEEDS.get(name, ()), name):
+            if part not in out:
+                out.append(part)
+    return out
+
+
 def path_dirs(names: Iterable[str]) -> str:
     """The directories to append to PATH for ``names``, ':'-separated."""
     return ":".join(f"{BUNDLE}/{name}/bin" for name in names)

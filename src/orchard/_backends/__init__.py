@@ -41,6 +41,9 @@ class KubernetesConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown
     in_cluster: bool = False
     #: The image built from Dockerfile.executor, run as the init container.
     injector_image: str = "orchard-executor:latest"
+    #: The harness tools image (images/tools); a second init container copies the harnesses a
+    #: sandbox's ``tools=[...]`` chose from it.
+    tools_image: str = "orchard-tools:latest"
     #: Port the executor listens on inside the pod.
     executor_port: int = 8750
     #: "direct" to the pod IP, "port-forward" through the API server (for clients

@@ -15,6 +15,7 @@ from typing import Any
 
 import msgspec
 
+from .. import _tools
 from .._spec import SandboxSpec
 from .._tls import ENV as TLS_ENV
 
@@ -27,6 +28,8 @@ NETWORK_LABEL = "orchard.dev/network"
 CONTAINER = "sandbox"
 INIT_CONTAINER = "orchard-inject"
 BUNDLE_VOLUME = "orchard-runtime"
+TOOLS_CONTAINER = "orchard-tools"
+TOOLS_VOLUME = "orchard-tools"
 #: Label an in-cluster client pod carries to reach sandbox executors once
 #: ``orchard k8s setup`` has written the NetworkPolicies (value "true").
 CLIENT_LABEL = "orchard.dev/client"
@@ -238,10 +241,11 @@ def classify(pod: Pod) -> Phase:
         return failed("Unschedulable", scheduled_c.message or "no node can run this pod")
     for cs in status.init_container_statuses:
         w, t = cs.state.waiting, cs.state.terminated
+        which = "tools init container (tools=[...])" if cs.name == TOOLS_CONTAINER else "injector init container"
         if w is not None and w.reason in FATAL_WAITING:
-            return failed(w.reason or "", f"injector init container: {w.message or w.reason}")
+            return failed(w.reason or "", f"{which}: {w.message or w.reason}")
         if t is not None and t.exit_code != 0:
-            return failed("InitFailed", f"injector init container exited {t.exit_code}: {t.message or t.reason or ''}")
+            return failed("InitFailed", f"{which} exited {t.exit_code}: {t.message or t.reason or ''}")
     for cs in status.container_statuses:
         w, t = cs.state.waiting, cs.state.terminated
         if w is not None and w.reason in FATAL_WAITING:
@@ -294,6 +298,7 @@ def pod_manifest(
     runtime_volume_limit: str | None = None,
     user_namespaces: bool = False,
     tls_pem: str | None = None,
+    tools_image: str = "orchard-tools:latest",
 ) -> dict[str, Any]:
     """The Pod for one sandbox.
 
@@ -303,7 +308,10 @@ def pod_manifest(
     the token's SHA-256, never the token, and no service-account token; with
     ``tls_pem``, the executor's own TLS key and certificate (see ``orchard._tls``).
     ``owner`` (the client session's Lease) makes Kubernetes delete the pod
-    when the session's Lease goes.
+    when the session's Lease goes. With ``spec.tools``, a second init
+    container copies the chosen harnesses (and the runtimes they need) from
+    ``tools_image`` into an emptyDir, mounted read-only at ``_tools.ROOT``,
+    and the executor appends their ``bin`` directories to PATH.
 
     Always: seccomp RuntimeDefault, no privilege escalation, every capability
     dropped but ``DEFAULT_CAPABILITIES`` plus ``cap_add`` (none at all with
@@ -335,6 +343,8 @@ def pod_manifest(
         args.append(f"--idle-timeout={spec.idle_timeout:g}")
     if spec.workdir:
         args.append(f"--workdir={spec.workdir}")
+    if spec.tools:
+        args.append(f"--path-append={_tools.path_dirs(spec.tools)}")
     container: dict[str, Any] = {
         "name": CONTAINER,
         "image": spec.image,
@@ -351,6 +361,8 @@ def pod_manifest(
         },
         "volumeMounts": [{"name": BUNDLE_VOLUME, "mountPath": bundle_path, "readOnly": True}],
     }
+    if spec.tools:
+        container["volumeMounts"].append({"name": TOOLS_VOLUME, "mountPath": _tools.ROOT, "readOnly": True})
     if spec.workdir:
         container["workingDir"] = spec.workdir
     if ephemeral_storage is not None:
@@ -364,6 +376,14 @@ def pod_manifest(
     volume: dict[str, Any] = {"name": BUNDLE_VOLUME, "emptyDir": {}}
     if runtime_volume_limit is not None:
         volume["emptyDir"]["sizeLimit"] = runtime_volume_limit
+    init_security = {
+        "runAsNonRoot": True,
+        "runAsUser": INJECTOR_UID,
+        "runAsGroup": INJECTOR_UID,
+        "readOnlyRootFilesystem": True,
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+    }
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "automountServiceAccountToken": False,
@@ -378,19 +398,25 @@ def pod_manifest(
                 "command": install,
                 "volumeMounts": [{"name": BUNDLE_VOLUME, "mountPath": bundle_path}],
                 "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"memory": "256Mi"}},
-                "securityContext": {
-                    "runAsNonRoot": True,
-                    "runAsUser": INJECTOR_UID,
-                    "runAsGroup": INJECTOR_UID,
-                    "readOnlyRootFilesystem": True,
-                    "allowPrivilegeEscalation": False,
-                    "capabilities": {"drop": ["ALL"]},
-                },
+                "securityContext": init_security,
             }
         ],
         "containers": [container],
         "volumes": [volume],
     }
+    if spec.tools:
+        pod_spec["initContainers"].append(
+            {
+                "name": TOOLS_CONTAINER,
+                "image": tools_image,
+                "imagePullPolicy": spec.image_pull_policy,
+                "command": ["/installer/busybox", "sh", "-c", _tools.COPY, "copy", *_tools.parts(spec.tools)],
+                "volumeMounts": [{"name": TOOLS_VOLUME, "mountPath": "/target"}],
+                "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"memory": "256Mi"}},
+                "securityContext": init_security,
+            }
+        )
+        pod_spec["volumes"].append({"name": TOOLS_VOLUME, "emptyDir": {}})
     if user_namespaces:
         pod_spec["hostUsers"] = False
     if spec.ttl is not None:

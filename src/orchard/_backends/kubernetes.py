@@ -192,7 +192,7 @@ class KubernetesBackend:
 
     name = "kubernetes"
     tls = True
-    tools = False
+    tools = True
 
     def __init__(self, config: KubernetesConfig, *, session_id: str, http: aiohttp.ClientSession | None = None) -> None:
         self.config = config
@@ -395,6 +395,7 @@ class KubernetesBackend:
             created_at=time.time(),
             owner=self._owner,
             tls_pem=tls.pem if tls is not None else None,
+            tools_image=self.config.tools_image,
             **pod_options(self.config),
         )
         ssl = pin(tls.fingerprint if tls is not None else None)

@@ -1,0 +1,58 @@
+"""Harness CLIs in any image on kubernetes: ``tools=[...]`` copies the chosen ones in by an init container.
+
+Real harness binaries from orchard-tools:latest (imported into the dev
+cluster by hack/devcluster with the other images) in real pods.
+"""
+
+from __future__ import annotations
+
+import pytest
+from kubernetes_asyncio.client.api_client import ApiClient
+from test_k8s_backend import BUSYBOX, NOSHELL, SWE, config
+
+import orchard
+from orchard import _tools, errors
+
+pytestmark = pytest.mark.k8s
+
+VERSION_LINE = {"codex": "codex-cli {v}", "claude": "{v} (Claude Code)", "pi": "{v}"}
+
+
+async def versions(sb: orchard.Sandbox) -> dict[str, str]:
+    text = (await sb.read_file(f"{_tools.BUNDLE}/VERSIONS")).decode()
+    return {line.split()[0]: line.split()[1] for line in text.splitlines()}
+
+
+@pytest.mark.parametrize("image", [BUSYBOX, NOSHELL, SWE])
+async def test_chosen_harnesses_start_in_any_image_and_only_they_are_copied(
+    kubeconfig: str, k8s_namespace: str, image: str
+) -> None:
+    chosen = ["codex", "claude", "pi"]  # a static binary, a Bun one through the loader, one on the bundled Node
+    async with (
+        orchard.Client(config(kubeconfig, k8s_namespace)) as client,
+        client.sandbox(image, tools=chosen, memory="1Gi") as sb,
+    ):
+        pinned = await versions(sb)
+        for name in chosen:
+            r = await sb.exec([name, "--version"], env={"HOME": f"/tmp/home-{name}"}, timeout=120, merge_output=True)
+            assert r.exit_code == 0, (name, r.output)
+            assert VERSION_LINE[name].format(v=pinned[name]) in r.output, (name, r.output)
+        copied = sorted(e.name for e in await sb.list_dir(_tools.BUNDLE))
+        assert copied == sorted(["VERSIONS", "lib", "node", *chosen])
+        env = dict(line.split("=", 1) for line in (await sb.exec(["env"])).stdout.splitlines())
+        path = env["PATH"].split(":")
+        assert path[-3:] == [f"{_tools.BUNDLE}/{n}/bin" for n in chosen]
+        # Read-only to the sandbox, root or not.
+        r = await sb.exec(["rm", "-rf", f"{_tools.BUNDLE}/claude"])
+        assert r.exit_code != 0
+        assert (await sb.exec(["claude", "--version"], env={"HOME": "/tmp/h"})).exit_code == 0
+
+
+async def test_a_missing_tools_image_is_a_start_error_naming_the_init_container(
+    kubeconfig: str, k8s_namespace: str, k8s_api: ApiClient
+) -> None:
+    cfg = config(kubeconfig, k8s_namespace, tools_image="orchard-test/no-such-tools:latest")
+    async with orchard.Client(cfg) as client:
+        with pytest.raises(errors.SandboxStartError, match="tools init container") as info:
+            await client.create(BUSYBOX, tools=["codex"], image_pull_policy="Never", start_timeout=60)
+        assert info.value.reason == "ErrImageNeverPull"
