@@ -31,6 +31,8 @@ Endpoints, all under ``/v1`` except ``/healthz``::
     PUT    /v1/files/tar?path=&max_bytes=&max_members=  plain tar body -> FileStat (all or nothing)
     GET    /v1/files/tar?path=               -> frames of ByteFrame (a plain tar)
     GET    /v1/ports/{port}/connect          websocket upgrade -> a tunnel to 127.0.0.1:port (see ports.py)
+    GET    /v1/ports/{port}/listen           websocket upgrade -> 127.0.0.1:port (0: a free one) listens while it lasts
+    GET    /v1/ports/{port}/accept/{id}      websocket upgrade -> a tunnel for connection id to that port (ports.py)
 
 Errors come back with a 4xx/5xx status and an ``Error`` body; ``code`` is one
 of ``ERROR_CODES`` and the client maps it to an exception through a fixed
