@@ -17,9 +17,9 @@ from .errors import ConfigError
 ROOT = "/.orchard-tools"
 #: The bundle itself, inside ROOT: the path its launchers and runtimes were built for.
 BUNDLE = f"{ROOT}/bundle"
-#: The harnesses the bundle holds (images/tools/build_tools.py: HARNESSES), with their versions
+#: The harnesses the bundle holds (images/tools/build_tools.py: HARNESSES, PY_HARNESSES), with their versions
 #: in BUNDLE/VERSIONS.
-KNOWN = ("codex", "claude", "opencode", "pi", "openclaw")
+KNOWN = ("codex", "claude", "opencode", "pi", "openclaw", "mini")
 
 
 def check(names: Iterable[str]) -> list[str]:

@@ -60,6 +60,12 @@ def environment(key: str, model: str, port: int = PORT) -> dict[str, str]:
         "PI_OFFLINE": "1",
         # openclaw: `openclaw agent exec --config "$ORCHARD_OPENCLAW_CONFIG" ...`
         "ORCHARD_OPENCLAW_CONFIG": f"{CONFIG_DIR}/openclaw.json",
+        # mini (mini-swe-agent): litellm's OpenAI provider, which reads OPENAI_BASE_URL and OPENAI_API_KEY; no
+        # setup wizard, no cost map fetched at import, and no error for a model litellm has no prices for.
+        "MSWEA_MODEL_NAME": f"openai/{model}",
+        "MSWEA_CONFIGURED": "true",
+        "MSWEA_COST_TRACKING": "ignore_errors",
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
     }
 
 
