@@ -1,13 +1,15 @@
 """Real harness CLIs solve a task inside a sandbox with no network, their model reached through the gateway.
 
-claude (Claude Code) and codex, from the tools bundle, run in the Debian SWE
-image on the docker backend with ``tools=[...]`` and ``model=gateway``: each
-calls its own API at the gateway (claude Anthropic Messages, codex OpenAI
-Responses), through the reverse tunnel; the gateway translates to the Chat
-Completions of a scripted model in this process, which asks for two shell tool
-calls in the harness's own tool format (fix the bug, run the tests) and then
-answers. A scripted model that never stops asking for tool calls is cut off
-by the gateway's ``max_calls``.
+claude (Claude Code), codex, opencode, pi and openclaw, from the tools bundle,
+run in the Debian SWE image on the docker backend with ``tools=[...]`` and
+``model=gateway``, each with its plain one-shot command (no endpoint or model
+on the command line): each calls its own API at the gateway (claude Anthropic
+Messages, codex OpenAI Responses, the others Chat Completions), through the
+reverse tunnel; the gateway translates to the Chat Completions of a scripted
+model in this process, which asks for two shell tool calls in the harness's
+own tool format (fix the bug, run the tests) and then answers. A scripted
+model that never stops asking for tool calls is cut off by the gateway's
+``max_calls``.
 """
 
 from __future__ import annotations
@@ -43,6 +45,11 @@ def codex_exec(command: str) -> Json:
     return {"cmd": command}
 
 
+def command_only(command: str) -> Json:
+    """Arguments of the ``bash`` tool of opencode and pi, and the ``exec`` tool of openclaw."""
+    return {"command": command}
+
+
 #: Per harness: its one-shot command line (acting without asking; codex outside a git repository),
 #: the environment it needs for that, its shell tool's name, and that tool's arguments for a command.
 HARNESSES: dict[str, tuple[list[str], dict[str, str], str, Callable[[str], Json]]] = {
@@ -57,6 +64,14 @@ HARNESSES: dict[str, tuple[list[str], dict[str, str], str, Callable[[str], Json]
         {},
         "exec_command",
         codex_exec,
+    ),
+    "opencode": (["opencode", "run", "{prompt}"], {}, "bash", command_only),
+    "pi": (["pi", "-p", "{prompt}"], {}, "bash", command_only),
+    "openclaw": (
+        ["sh", "-c", 'exec openclaw agent exec --config "$ORCHARD_OPENCLAW_CONFIG" "$1"', "openclaw", "{prompt}"],
+        {},
+        "exec",
+        command_only,
     ),
 }
 
@@ -121,7 +136,7 @@ async def fix_with(client: orchard.Client, gateway: orchard.ModelGateway, harnes
         # No route out: the gateway is reached only through the tunnel.
         out = await sb.exec(["python3", "-c", "import socket; socket.create_connection(('1.1.1.1', 80), 3)"])
         assert out.exit_code != 0
-        r = await sb.exec(command(harness, "Fix the failing test in calc.py"), env=env, timeout=300)
+        r = await sb.exec(command(harness, "Fix the failing test in calc.py"), env=env, timeout=180)
         assert r.exit_code == 0, (r.stdout, r.stderr)
         check = await sb.exec(RUN_TESTS)
         assert (check.exit_code, check.stdout) == (0, "all tests pass\n")
@@ -214,3 +229,24 @@ async def test_max_calls_cuts_off_a_harness_that_never_stops(
     assert all(c["upstream_request"] is None for c in refused)  # never sent upstream
     # The refused call carried the last command's output: the loop ran on until the gateway stopped it.
     assert f"step {limit - 1}" in json.dumps(refused[0]["request"])
+
+
+@pytest.mark.parametrize("harness", ["opencode", "pi", "openclaw"])
+async def test_chat_harness_fixes_a_bug_with_the_network_closed(
+    client: orchard.Client, model: Upstream, harness: str, docker_ready: str
+) -> None:
+    model.choose = scripted(harness)
+    async with orchard.ModelGateway(model.url, model="policy") as gateway:
+        stdout, calls = await fix_with(client, gateway, harness)
+    assert FINAL in stdout
+    # Chat Completions passed through: every call recorded, the agent loop's three (a title call aside) in order.
+    assert all((c["api"], c["status"], c["error"], c["model"]) == ("chat", 200, None, "policy") for c in calls)
+    tool = HARNESSES[harness][2]
+    agent = [c for c in calls if tool in tool_names(c["request"])]
+    assert [len(tool_results(c["request"])) for c in agent] == [0, 1, 2]
+    assert [
+        [t["function"]["name"] for t in c["response"]["choices"][0]["message"].get("tool_calls") or []] for c in agent
+    ] == [[tool], [tool], []]
+    assert "all tests pass" in json.dumps(agent[-1]["request"]["messages"])
+    assert agent[-1]["response"]["choices"][0]["message"]["content"] == FINAL
+    assert len(model.requests) == len(calls)

@@ -55,7 +55,7 @@ def environment(key: str, model: str, port: int = PORT) -> dict[str, str]:
         "OPENCODE_CONFIG_CONTENT": json.dumps(opencode),
         "OPENCODE_DISABLE_MODELS_FETCH": "1",
         "OPENCODE_DISABLE_AUTOUPDATE": "1",
-        # pi: its models.json; no update or package checks.
+        # pi: its models.json and settings.json (the default model); no update or package checks.
         "PI_CODING_AGENT_DIR": f"{CONFIG_DIR}/pi",
         "PI_OFFLINE": "1",
         # openclaw: `openclaw agent exec --config "$ORCHARD_OPENCLAW_CONFIG" ...`
@@ -96,6 +96,9 @@ def files(model: str, port: int = PORT) -> dict[str, str]:
             "orchard": {"baseUrl": base, "api": "openai-completions", "apiKey": KEY_ENV, "models": [{"id": model}]}
         }
     }
+    # Without a default, `pi -p` without --model picks a built-in provider whose key variable is set:
+    # anthropic (ANTHROPIC_API_KEY, above), at api.anthropic.com.
+    pi_settings = {"defaultProvider": "orchard", "defaultModel": model}
     openclaw = {
         "models": {
             "providers": {
@@ -103,7 +106,8 @@ def files(model: str, port: int = PORT) -> dict[str, str]:
                     "baseUrl": base,
                     "apiKey": "${" + KEY_ENV + "}",
                     "api": "openai-completions",
-                    "models": [{"id": model, "contextWindow": 128000, "maxTokens": 8192}],
+                    # openclaw refuses a model without a name ("Invalid config").
+                    "models": [{"id": model, "name": model, "contextWindow": 128000, "maxTokens": 8192}],
                 }
             }
         },
@@ -112,6 +116,7 @@ def files(model: str, port: int = PORT) -> dict[str, str]:
     return {
         f"{CONFIG_DIR}/codex/config.toml": codex,
         f"{CONFIG_DIR}/pi/models.json": json.dumps(pi, indent=2) + "\n",
+        f"{CONFIG_DIR}/pi/settings.json": json.dumps(pi_settings, indent=2) + "\n",
         f"{CONFIG_DIR}/openclaw.json": json.dumps(openclaw, indent=2) + "\n",
     }
 
