@@ -249,6 +249,8 @@ class Sandbox:
         self._close = close
         self._closed = False
         self._handle = handle
+        #: Run (last added first) when the sandbox closes, while its connection is still open.
+        self._on_close: list[Callable[[], Awaitable[None]]] = []
 
     def __repr__(self) -> str:
         return f"<Sandbox {self.id} image={self.spec.image!r}>"
@@ -282,8 +284,12 @@ class Sandbox:
         if self._closed:
             return
         self._closed = True
-        self._rpc.close("closed while this call was in flight")
-        await self._close()
+        try:
+            for hook in reversed(self._on_close):
+                await hook()
+        finally:
+            self._rpc.close("closed while this call was in flight")
+            await self._close()
 
     async def __aenter__(self) -> Sandbox:
         return self

@@ -156,14 +156,12 @@ class Wiring:
                 await stack.aclose()
             self.forget()
             raise
-        delete = sb._close
 
         async def close() -> None:
             try:
-                with contextlib.suppress(OrchardError):  # the sandbox's connection is closed first
+                with contextlib.suppress(OrchardError):  # a sandbox that died: its tunnel is gone already
                     await stack.aclose()
             finally:
                 self.forget()
-                await delete()
 
-        sb._close = close
+        sb._on_close.append(close)
