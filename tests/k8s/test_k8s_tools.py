@@ -15,7 +15,21 @@ from orchard import _tools, errors
 
 pytestmark = pytest.mark.k8s
 
-VERSION_LINE = {"codex": "codex-cli {v}", "claude": "{v} (Claude Code)", "pi": "{v}"}
+#: What each harness's --version (mini: --help) prints.
+VERSION_LINE = {
+    "codex": "codex-cli {v}",
+    "claude": "{v} (Claude Code)",
+    "opencode": "{v}",
+    "pi": "{v}",
+    "openclaw": "OpenClaw {v} ",
+    "mini": "This is mini-swe-agent version {v}.",
+}
+#: Each harness in one bare image (a pod copies only what it chose: all of them is ~1.9 GiB), all in SWE.
+CHOSEN = {
+    BUSYBOX: ["codex", "claude", "opencode"],
+    NOSHELL: ["pi", "openclaw", "mini"],
+    SWE: list(_tools.KNOWN),
+}
 
 
 async def versions(sb: orchard.Sandbox) -> dict[str, str]:
@@ -23,29 +37,31 @@ async def versions(sb: orchard.Sandbox) -> dict[str, str]:
     return {line.split()[0]: line.split()[1] for line in text.splitlines()}
 
 
-@pytest.mark.parametrize("image", [BUSYBOX, NOSHELL, SWE])
+@pytest.mark.parametrize("image", list(CHOSEN))
 async def test_chosen_harnesses_start_in_any_image_and_only_they_are_copied(
     kubeconfig: str, k8s_namespace: str, image: str
 ) -> None:
-    chosen = ["codex", "claude", "pi"]  # a static binary, a Bun one through the loader, one on the bundled Node
+    chosen = CHOSEN[image]
     async with (
         orchard.Client(config(kubeconfig, k8s_namespace)) as client,
-        client.sandbox(image, tools=chosen, memory="1Gi") as sb,
+        client.sandbox(image, tools=chosen, memory="1Gi", start_timeout=300) as sb,
     ):
         pinned = await versions(sb)
         for name in chosen:
-            r = await sb.exec([name, "--version"], env={"HOME": f"/tmp/home-{name}"}, timeout=120, merge_output=True)
+            flag = "--help" if name == "mini" else "--version"
+            r = await sb.exec([name, flag], env={"HOME": f"/tmp/home-{name}"}, timeout=120, merge_output=True)
             assert r.exit_code == 0, (name, r.output)
             assert VERSION_LINE[name].format(v=pinned[name]) in r.output, (name, r.output)
         copied = sorted(e.name for e in await sb.list_dir(_tools.BUNDLE))
-        assert copied == sorted(["VERSIONS", "lib", "node", *chosen])
+        assert copied == sorted(_tools.parts(chosen))
         env = dict(line.split("=", 1) for line in (await sb.exec(["env"])).stdout.splitlines())
         path = env["PATH"].split(":")
-        assert path[-3:] == [f"{_tools.BUNDLE}/{n}/bin" for n in chosen]
+        assert path[-len(chosen) :] == [f"{_tools.BUNDLE}/{n}/bin" for n in chosen]
         # Read-only to the sandbox, root or not.
-        r = await sb.exec(["rm", "-rf", f"{_tools.BUNDLE}/claude"])
+        victim = chosen[0]
+        r = await sb.exec(["rm", "-rf", f"{_tools.BUNDLE}/{victim}"])
         assert r.exit_code != 0
-        assert (await sb.exec(["claude", "--version"], env={"HOME": "/tmp/h"})).exit_code == 0
+        assert (await sb.exec([victim, "--version"], env={"HOME": "/tmp/h"})).exit_code == 0
 
 
 async def test_a_missing_tools_image_is_a_start_error_naming_the_init_container(
