@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 
 import orchard
@@ -20,6 +21,7 @@ import orchard
 #: Backends the generic tests run on (``ORCHARD_TEST_BACKENDS=local,local-bwrap``);
 #: other backends add themselves to ``client`` below.
 # In support.py, so that test modules import them from there: another conftest can own the name "conftest".
+from gateway_support import Upstream, upstream  # noqa: E402
 from support import BACKENDS, unisolated_ok  # noqa: E402, F401
 
 SANDBOXES = pytest.StashKey[list[orchard.Sandbox]]()
@@ -114,3 +116,17 @@ async def quick_client(local_root: Path) -> AsyncIterator[orchard.Client]:
     config = orchard.LocalConfig(root=str(local_root), isolation="none")
     async with orchard.Client(config, read_timeout=2.0, liveness_timeout=1.0) as client:
         yield client
+
+
+@pytest.fixture
+async def up() -> AsyncIterator[Upstream]:
+    """The scripted model upstream of the gateway tests (tests/gateway_support.py)."""
+    async with upstream() as u:
+        yield u
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    """A client session with a deadline (modules with an ``http`` of their own override it)."""
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as s:
+        yield s

@@ -225,3 +225,31 @@ def stopped(pid: int) -> Iterator[None]:
         yield
     finally:
         os.kill(pid, signal.SIGCONT)
+
+
+#: How each bundled harness shows that it runs: the flag (mini has no --version) and what it prints of its version.
+TOOL_CHECK = {
+    "codex": ("--version", "codex-cli {v}"),
+    "claude": ("--version", "{v} (Claude Code)"),
+    "opencode": ("--version", "{v}"),
+    "pi": ("--version", "{v}"),
+    "openclaw": ("--version", "OpenClaw {v} "),
+    "mini": ("--help", "This is mini-swe-agent version {v}."),
+}
+
+
+async def bundle_versions(sb: orchard.Sandbox) -> dict[str, str]:
+    """The tools bundle's VERSIONS file, read inside the sandbox: name -> version."""
+    from orchard import _tools
+
+    text = (await sb.read_file(f"{_tools.BUNDLE}/VERSIONS")).decode()
+    return {line.split()[0]: line.split()[1] for line in text.splitlines()}
+
+
+async def check_tool(sb: orchard.Sandbox, name: str, versions: dict[str, str]) -> None:
+    """Run one bundled harness as an argv (no shell needed) and check it says its pinned version."""
+    flag, line = TOOL_CHECK[name]
+    r = await sb.exec([name, flag], env={"HOME": f"/tmp/home-{name}"}, timeout=120, merge_output=True)
+    assert r.exit_code == 0, (name, r.output)
+    # One stream: pi prints its version to stderr, and codex warns there.
+    assert line.format(v=versions[name]) in r.output, (name, r.output)

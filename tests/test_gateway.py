@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +11,7 @@ import aiohttp
 import pytest
 
 import orchard
-from gateway_support import Turn, Upstream, sse_events, upstream
+from gateway_support import Turn, Upstream, sse_events
 from orchard import errors
 
 TOOLS = [
@@ -25,18 +24,6 @@ TOOLS = [
         },
     }
 ]
-
-
-@pytest.fixture
-async def up() -> AsyncIterator[Upstream]:
-    async with upstream() as u:
-        yield u
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as s:
-        yield s
 
 
 def file_records(path: Path) -> list[dict[str, Any]]:

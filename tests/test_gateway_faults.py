@@ -3,32 +3,19 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
 import pytest
 
 import orchard
-from gateway_support import Turn, Upstream, free_port, sse_events, upstream
+from gateway_support import Turn, Upstream, free_port, sse_events
 from orchard import errors
 from support import eventually
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "x"}]}
 MSG = {"model": "m", "max_tokens": 9, "messages": [{"role": "user", "content": "x"}]}
 RESP = {"model": "m", "input": "x"}
-
-
-@pytest.fixture
-async def up() -> AsyncIterator[Upstream]:
-    async with upstream() as u:
-        yield u
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as s:
-        yield s
 
 
 async def post(http: aiohttp.ClientSession, url: str, key: str, body: Any) -> tuple[int, dict[str, Any], Any]:

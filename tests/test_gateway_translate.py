@@ -9,14 +9,12 @@ own Responses stream helper checks that the events add up.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
-import pytest
 
 import orchard
-from gateway_support import Turn, Upstream, sse_events, upstream
+from gateway_support import Turn, Upstream, sse_events
 
 BASH_SCHEMA = {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}
 CLAUDE_HEADERS = {
@@ -72,18 +70,6 @@ def codex_body(items: list[dict[str, Any]], stream: bool = True) -> dict[str, An
         "include": ["reasoning.encrypted_content"],
         "prompt_cache_key": "thread-1",
     }
-
-
-@pytest.fixture
-async def up() -> AsyncIterator[Upstream]:
-    async with upstream() as u:
-        yield u
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as s:
-        yield s
 
 
 async def test_messages_streamed_like_claude_thinking_text_and_tool_use(

@@ -11,19 +11,11 @@ from docker_support import BUSYBOX, NOSHELL, SWE, SandboxFactory, engine
 
 import orchard
 from orchard import _tools, errors
+from support import bundle_versions, check_tool
 
 pytestmark = pytest.mark.docker
 
 TOOLS_IMAGE = "orchard-tools:latest"
-#: What each harness's --version prints first (its own name for itself, or just the version). mini has no
-#: --version: test_docker_tools_mini.py runs its --help.
-VERSION_LINE = {
-    "codex": "codex-cli {v}",
-    "claude": "{v} (Claude Code)",
-    "opencode": "{v}",
-    "pi": "{v}",
-    "openclaw": "OpenClaw {v} ",
-}
 
 
 @pytest.fixture(scope="module")
@@ -32,23 +24,14 @@ def tools_image(docker_ready: str) -> None:
         pytest.fail(f"{TOOLS_IMAGE} is missing: run scripts/docker-setup.sh", pytrace=False)
 
 
-async def versions(sb: orchard.Sandbox) -> dict[str, str]:
-    """The bundle's VERSIONS file, read inside the sandbox: name -> version."""
-    text = (await sb.read_file(f"{_tools.BUNDLE}/VERSIONS")).decode()
-    return {line.split()[0]: line.split()[1] for line in text.splitlines()}
-
-
 @pytest.mark.parametrize("image", [BUSYBOX, NOSHELL, SWE])
 async def test_every_harness_starts_in_any_image(tools_image: None, sandbox: SandboxFactory, image: str) -> None:
     sb = await sandbox(image, tools=list(_tools.KNOWN))
-    pinned = await versions(sb)
+    pinned = await bundle_versions(sb)
     assert set(_tools.KNOWN) <= set(pinned)
-    for name in VERSION_LINE:
+    for name in _tools.KNOWN:
         # An argv, found on PATH by the executor: no shell is needed (the no-shell image has none).
-        r = await sb.exec([name, "--version"], timeout=120, env={"HOME": "/tmp/home-" + name}, merge_output=True)
-        assert r.exit_code == 0, (name, r.output)
-        # pi prints it to stderr, and codex warns there: one stream holds both.
-        assert VERSION_LINE[name].format(v=pinned[name]) in r.output, (name, r.output)
+        await check_tool(sb, name, pinned)
 
 
 async def test_only_the_chosen_harnesses_are_on_path_after_the_images_own(

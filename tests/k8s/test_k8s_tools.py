@@ -12,29 +12,16 @@ from test_k8s_backend import BUSYBOX, NOSHELL, SWE, config
 
 import orchard
 from orchard import _tools, errors
+from support import bundle_versions, check_tool
 
 pytestmark = pytest.mark.k8s
 
-#: What each harness's --version (mini: --help) prints.
-VERSION_LINE = {
-    "codex": "codex-cli {v}",
-    "claude": "{v} (Claude Code)",
-    "opencode": "{v}",
-    "pi": "{v}",
-    "openclaw": "OpenClaw {v} ",
-    "mini": "This is mini-swe-agent version {v}.",
-}
 #: Each harness in one bare image (a pod copies only what it chose: all of them is ~1.9 GiB), all in SWE.
 CHOSEN = {
     BUSYBOX: ["codex", "claude", "opencode"],
     NOSHELL: ["pi", "openclaw", "mini"],
     SWE: list(_tools.KNOWN),
 }
-
-
-async def versions(sb: orchard.Sandbox) -> dict[str, str]:
-    text = (await sb.read_file(f"{_tools.BUNDLE}/VERSIONS")).decode()
-    return {line.split()[0]: line.split()[1] for line in text.splitlines()}
 
 
 @pytest.mark.parametrize("image", list(CHOSEN))
@@ -46,12 +33,9 @@ async def test_chosen_harnesses_start_in_any_image_and_only_they_are_copied(
         orchard.Client(config(kubeconfig, k8s_namespace)) as client,
         client.sandbox(image, tools=chosen, memory="1Gi", start_timeout=300) as sb,
     ):
-        pinned = await versions(sb)
+        pinned = await bundle_versions(sb)
         for name in chosen:
-            flag = "--help" if name == "mini" else "--version"
-            r = await sb.exec([name, flag], env={"HOME": f"/tmp/home-{name}"}, timeout=120, merge_output=True)
-            assert r.exit_code == 0, (name, r.output)
-            assert VERSION_LINE[name].format(v=pinned[name]) in r.output, (name, r.output)
+            await check_tool(sb, name, pinned)
         copied = sorted(e.name for e in await sb.list_dir(_tools.BUNDLE))
         assert copied == sorted(_tools.parts(chosen))
         env = dict(line.split("=", 1) for line in (await sb.exec(["env"])).stdout.splitlines())
