@@ -164,8 +164,8 @@ class Client:
         sandbox_spec = make_spec(image, spec)
         if sandbox_spec.tools and not backend.tools:
             raise ConfigError(
-                f"tools={sandbox_spec.tools!r}: the {backend.name} backend cannot mount the harness tools bundle "
-                "yet; the docker backend can"
+                f"tools={sandbox_spec.tools!r}: the {backend.name} backend cannot mount the harness tools bundle; "
+                "the docker and kubernetes backends can"
             )
         token = secrets.token_urlsafe(32)
         t0 = time.monotonic()

@@ -456,7 +456,7 @@ class Sandbox:
         """Open a persistent shell session (needs bash in the sandbox).
 
         With ``login``, the session starts as a login shell would: its first
-        command runs under ``bash -l``, so /etc/profile and ~/.bash_profile
+        command runs under ``bash --login``, so /etc/profile and ~/.bash_profile
         (or ~/.profile) load, and what they set carries over.
         """
         req = SessionRequest(cwd=cwd, env=dict(env) if env else None, shell=shell, login=login)

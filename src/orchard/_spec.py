@@ -51,8 +51,8 @@ class SandboxSpec(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fiel
     network: bool = False
     #: "IfNotPresent", "Always" or "Never" (kubernetes, docker).
     image_pull_policy: Literal["IfNotPresent", "Always", "Never"] = "IfNotPresent"
-    #: Agent-harness CLIs to put on PATH, from the tools bundle ("codex", "claude", "opencode",
-    #: "pi", "openclaw"): mounted read-only, appended after the image's own PATH (docker).
+    #: Agent-harness CLIs to put on PATH, from the tools bundle (``orchard._tools.KNOWN``: "codex",
+    #: "claude", "opencode", "pi", "openclaw", "mini"): read-only, after the image's own PATH (docker, kubernetes).
     tools: list[str] = []
 
 

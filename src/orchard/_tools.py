@@ -13,7 +13,7 @@ from collections.abc import Iterable
 
 from .errors import ConfigError
 
-#: Where the tools volume (docker) is mounted in a sandbox.
+#: Where the tools volume (docker) or emptyDir (kubernetes) is mounted in a sandbox.
 ROOT = "/.orchard-tools"
 #: The bundle itself, inside ROOT: the path its launchers and runtimes were built for.
 BUNDLE = f"{ROOT}/bundle"
@@ -36,14 +36,37 @@ def check(names: Iterable[str]) -> list[str]:
 #: The bundle's shared runtimes each harness runs on, beside its own directory.
 NEEDS = {"pi": ("node",), "openclaw": ("node",), "mini": ("python",)}
 
-#: Copies the chosen parts of the bundle (``$@``) from the tools image's /bundle into /target/bundle,
-#: with the tools image's static busybox (kubernetes: the init container of a pod with tools).
-COPY = """
+# Both run in the tools image, with its static busybox, and write to /target.
+
+#: Fills a shared volume (docker): the whole bundle is copied beside ``bundle`` and renamed into
+#: place, so a sandbox never sees half of it, and two fillers racing leave one copy.
+_FILL = """
+set -e
+b=/installer/busybox
+[ -d /target/bundle ] && exit 0
+staging=/target/.staging-$($b cat /proc/sys/kernel/random/uuid)
+$b cp -a /bundle "$staging"
+$b mv -T "$staging" /target/bundle 2>/dev/null || $b rm -rf "$staging"
+[ -d /target/bundle ]
+"""
+
+#: Copies the chosen parts of the bundle (``$@``) into one pod's emptyDir (kubernetes' init container).
+_COPY = """
 set -e
 b=/installer/busybox
 $b mkdir -p /target/bundle
 for part in "$@"; do $b cp -a "/bundle/$part" /target/bundle/; done
 """
+
+
+def fill() -> list[str]:
+    """The command that fills a tools volume mounted at /target with the whole bundle."""
+    return ["/installer/busybox", "sh", "-c", _FILL]
+
+
+def copy(names: Iterable[str]) -> list[str]:
+    """The command that copies what ``names`` need (``parts``) into /target/bundle."""
+    return ["/installer/busybox", "sh", "-c", _COPY, "copy", *parts(names)]
 
 
 def parts(names: Iterable[str]) -> list[str]:

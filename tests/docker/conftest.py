@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from docker_support import IMAGES, INJECTOR, SOCKET, SWE, WORKDIR, engine, executor_source_hash
+from docker_support import IMAGES, INJECTOR, SOCKET, SWE, TOOLS, WORKDIR, engine, executor_source_hash
 
 import orchard
 
@@ -39,6 +39,13 @@ def docker_ready() -> str:
             pytrace=False,
         )
     return str(version["Version"])
+
+
+@pytest.fixture(scope="module")
+def tools_image(docker_ready: str) -> None:
+    """The harness tools image (tools=[...]) is on the engine."""
+    if engine("GET", f"/images/{TOOLS}/json")[0] != 200:
+        pytest.fail(f"{TOOLS} is missing: run scripts/docker-setup.sh", pytrace=False)
 
 
 @pytest.fixture(autouse=True)

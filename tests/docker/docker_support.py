@@ -15,6 +15,7 @@ import orchard
 
 SOCKET = "/var/run/docker.sock"
 INJECTOR = "orchard-executor:latest"
+TOOLS = "orchard-tools:latest"
 SWE = "orchard-test/swe:latest"
 BUSYBOX = "orchard-test/busybox:latest"
 NOSHELL = "orchard-test/noshell:latest"

@@ -7,21 +7,13 @@ busybox-only image, the image with no shell at all, and the Debian SWE image.
 from __future__ import annotations
 
 import pytest
-from docker_support import BUSYBOX, NOSHELL, SWE, SandboxFactory, engine
+from docker_support import BUSYBOX, NOSHELL, SWE, SandboxFactory
 
 import orchard
 from orchard import _tools, errors
 from support import bundle_versions, check_tool
 
 pytestmark = pytest.mark.docker
-
-TOOLS_IMAGE = "orchard-tools:latest"
-
-
-@pytest.fixture(scope="module")
-def tools_image(docker_ready: str) -> None:
-    if engine("GET", f"/images/{TOOLS_IMAGE}/json")[0] != 200:
-        pytest.fail(f"{TOOLS_IMAGE} is missing: run scripts/docker-setup.sh", pytrace=False)
 
 
 @pytest.mark.parametrize("image", [BUSYBOX, NOSHELL, SWE])

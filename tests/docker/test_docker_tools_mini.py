@@ -16,33 +16,25 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from docker_support import BUSYBOX, NOSHELL, SWE, WORKDIR, SandboxFactory, engine
+from docker_support import BUSYBOX, NOSHELL, SWE, WORKDIR, SandboxFactory
 
 import orchard
 from gateway_support import Turn, Upstream, upstream
 from orchard import _tools
+from support import bundle_versions
 
 pytestmark = pytest.mark.docker
 
-TOOLS_IMAGE = "orchard-tools:latest"
 CALC = "def add(a, b):\n    return a - b\n"
 TESTS = "from calc import add\n\nassert add(2, 3) == 5, add(2, 3)\nprint('all tests pass')\n"
 #: What mini hands in: the first output line of a command ends the task, the rest is the submission.
 SUBMIT = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 
 
-@pytest.fixture(scope="module")
-def tools_image(docker_ready: str) -> None:
-    if engine("GET", f"/images/{TOOLS_IMAGE}/json")[0] != 200:
-        pytest.fail(f"{TOOLS_IMAGE} is missing: run scripts/docker-setup.sh", pytrace=False)
-
-
 @pytest.mark.parametrize("image", [BUSYBOX, NOSHELL, SWE])
 async def test_mini_starts_in_any_image(tools_image: None, sandbox: SandboxFactory, image: str) -> None:
     sb = await sandbox(image, tools=["mini"])
-    versions = dict(
-        line.split()[:2] for line in (await sb.read_file(f"{_tools.BUNDLE}/VERSIONS")).decode().splitlines()
-    )
+    versions = await bundle_versions(sb)
     # An argv, found on PATH by the executor: no shell is needed (the no-shell image has none).
     r = await sb.exec(["mini", "--help"], timeout=120, env={"HOME": "/tmp/home-mini"}, merge_output=True)
     assert r.exit_code == 0, r.output

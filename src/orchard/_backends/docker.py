@@ -64,18 +64,6 @@ DIAGNOSE_GRACE = 5.0
 #: Runtime volumes this process has filled, by (engine, injector image id):
 #: every Client after the first one skips the installer.
 _FILLED: dict[tuple[str, str], str] = {}
-#: Fills a tools volume from the tools image (its static busybox): the bundle is copied beside
-#: ``bundle`` and renamed into place, so a sandbox never sees half of it, and two fillers racing
-#: leave one copy.
-TOOLS_FILL = """
-set -e
-b=/installer/busybox
-[ -d /target/bundle ] && exit 0
-staging=/target/.staging-$($b cat /proc/sys/kernel/random/uuid)
-$b cp -a /bundle "$staging"
-$b mv -T "$staging" /target/bundle 2>/dev/null || $b rm -rf "$staging"
-[ -d /target/bundle ]
-"""
 #: Orchard's own networks, by the spec's ``network``: (network name, bridge interface).
 #: Both have inter-container traffic off; the one for ``network=False`` is internal
 #: (no route out). The bridge names are fixed so that two clients creating a network
@@ -499,9 +487,7 @@ class DockerBackend:
                 "scripts/docker-setup.sh (no registry needed), or set DockerConfig(tools_image=...)",
                 reason="ToolsImageNotFound",
             )
-        return await self._fill(
-            image, image_id, "tools", ["/installer/busybox", "sh", "-c", TOOLS_FILL], "the tools image"
-        )
+        return await self._fill(image, image_id, "tools", _tools.fill(), "the tools image")
 
     async def _fill(self, image: str, image_id: str, role: str, entrypoint: list[str], what: str) -> str:
         """A volume named after ``image_id``, filled once by running ``entrypoint`` in ``image``."""

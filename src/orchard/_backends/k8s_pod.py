@@ -410,7 +410,7 @@ def pod_manifest(
                 "name": TOOLS_CONTAINER,
                 "image": tools_image,
                 "imagePullPolicy": spec.image_pull_policy,
-                "command": ["/installer/busybox", "sh", "-c", _tools.COPY, "copy", *_tools.parts(spec.tools)],
+                "command": _tools.copy(spec.tools),
                 "volumeMounts": [{"name": TOOLS_VOLUME, "mountPath": "/target"}],
                 "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"memory": "256Mi"}},
                 "securityContext": init_security,
