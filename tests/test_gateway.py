@@ -239,3 +239,24 @@ async def test_extra_body_is_added_to_every_upstream_request(up: Upstream, http:
     assert up.requests[0]["logprobs"] is True
     assert up.requests[0]["return_token_ids"] is True
     assert up.headers[0]["Authorization"] == "Bearer up-key"
+
+
+async def test_model_on_a_sandbox_refuses_what_is_not_an_open_gateway_with_a_model_and_starts_nothing(
+    up: Upstream, local_client: orchard.Client, local_root: Path
+) -> None:
+    with pytest.raises(errors.ConfigError, match="model= takes an orchard.ModelGateway"):
+        await local_client.create(model="http://127.0.0.1:8000/v1")
+    closed = orchard.ModelGateway(up.url, model="policy")
+    with pytest.raises(errors.GatewayClosed):
+        await local_client.create(model=closed)
+    async with orchard.ModelGateway(up.url) as nameless:
+        with pytest.raises(errors.ConfigError, match=r"ModelGateway\(model=\.\.\.\)"):
+            await local_client.create(model=nameless)
+        assert nameless.calls() == []
+    async with orchard.ModelGateway(up.url, model="policy") as gateway:
+        # A start that fails revokes the key it was given.
+        with pytest.raises(errors.ConfigError, match="no such harness"):
+            await local_client.create(model=gateway, tools=["vim"])
+        assert not gateway._by_id
+    assert not local_client._live
+    assert not local_root.exists() or not any(local_root.iterdir())

@@ -15,10 +15,10 @@ import json
 from typing import TYPE_CHECKING
 
 from ..errors import ConfigError, OrchardError
+from ._server import ModelGateway
 
 if TYPE_CHECKING:
     from .._sandbox import Sandbox
-    from ._server import ModelGateway
 
 #: The port inside the sandbox where the gateway answers.
 PORT = 4319
@@ -125,6 +125,8 @@ class Wiring:
     """One sandbox's link to a gateway: its key and environment before it starts, its tunnel once it has."""
 
     def __init__(self, gateway: ModelGateway, sandbox_id: str) -> None:
+        if not isinstance(gateway, ModelGateway):
+            raise ConfigError(f"model= takes an orchard.ModelGateway, not {gateway!r}")
         if gateway.model is None:
             raise ConfigError(
                 "model=gateway needs ModelGateway(model=...): the model name the sandbox's harnesses ask for "
