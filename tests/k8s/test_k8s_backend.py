@@ -340,7 +340,8 @@ async def test_closing_the_client_deletes_its_pods(kubeconfig: str, k8s_namespac
 
 
 async def test_ttl_ends_the_pod_with_deadline_exceeded(kclient: orchard.Client) -> None:
-    async with kclient.sandbox(BUSYBOX, ttl=3) as sb:
+    # Long enough for the pod to start first: one takes about 3 s on this 2-core node.
+    async with kclient.sandbox(BUSYBOX, ttl=8) as sb:
         assert (await sb.exec(["true"])).exit_code == 0
         with pytest.raises(SandboxLost) as info:
             await until_lost(sb)
