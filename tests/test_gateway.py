@@ -260,3 +260,20 @@ async def test_model_on_a_sandbox_refuses_what_is_not_an_open_gateway_with_a_mod
         assert not gateway._by_id
     assert not local_client._live
     assert not local_root.exists() or not any(local_root.iterdir())
+
+
+async def test_a_request_body_over_the_limit_is_a_413_in_the_apis_shape_never_sent_upstream(
+    up: Upstream, http: aiohttp.ClientSession
+) -> None:
+    from orchard.gateway._server import MAX_REQUEST
+
+    async with orchard.ModelGateway(up.url) as gw:
+        key = gw.register("a")
+        huge = b'{"model": "m", "messages": [{"role": "user", "content": "' + b"x" * MAX_REQUEST + b'"}]}'
+        headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+        async with http.post(f"{gw.url}/v1/chat/completions", data=huge, headers=headers) as r:
+            assert r.status == 413
+            assert (await r.json())["error"]["code"] == "request_too_large"
+        assert up.requests == []
+        [record] = gw.calls("a")
+        assert record["status"] == 413

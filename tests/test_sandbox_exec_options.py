@@ -125,6 +125,11 @@ async def test_a_login_shell_session_loads_the_profile_once_and_keeps_what_it_se
     assert (await plain.exec('echo "[$ORCHARD_LOGIN_MARK]"')).stdout == "[]\n"
 
 
+async def test_a_shell_login_that_is_not_a_bool_is_refused(sb: orchard.Sandbox) -> None:
+    with pytest.raises(errors.InvalidRequest, match="login"):
+        await sb.shell(login="yes")  # type: ignore[arg-type]
+
+
 async def test_shell_exec_merges_output(sb: orchard.Sandbox) -> None:
     sh = await sb.shell()
     r = await sh.exec("X=kept; " + ALTERNATE, merge_output=True)

@@ -66,6 +66,8 @@ def test_durations_must_be_positive(name: str, value: float) -> None:
         ({"memory": 2}, "memory"),
         ({"ttl": "long"}, "ttl"),
         ({"labels": ["a"]}, "labels"),
+        ({"tools": "codex"}, "tools"),
+        ({"tools": [1]}, "tools"),
     ],
 )
 def test_wrongly_typed_options_are_rejected_by_name(options: dict[str, object], named: str) -> None:
