@@ -24,6 +24,9 @@ CHOSEN = {
 }
 
 
+# The copy reads up to 1.9 GiB of the tools image: on a node whose page cache is cold (CI, right after the
+# image import) it took over 120 s, so the test's deadline is the sandbox's start_timeout and a minute more.
+@pytest.mark.timeout(360)
 @pytest.mark.parametrize("image", list(CHOSEN))
 async def test_chosen_harnesses_start_in_any_image_and_only_they_are_copied(
     kubeconfig: str, k8s_namespace: str, image: str
