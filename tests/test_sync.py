@@ -267,6 +267,13 @@ def test_import_orchard_does_not_import_sync() -> None:
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
+def test_orchard_sync_is_reachable_after_import_orchard_alone() -> None:
+    # As the README writes it: `import orchard`, then `orchard.sync.Client(...)`, with no `import orchard.sync`.
+    code = "import sys, orchard; c = orchard.sync.Client; assert 'orchard.sync' in sys.modules; orchard.no_such_thing"
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+    assert "module 'orchard' has no attribute 'no_such_thing'" in run.stderr, run.stderr
+
+
 # Real processes: Ctrl-C and interpreter exit. Each script checks, while its
 # own interpreter is still alive, that no sandbox remains (the local executor
 # exits with its client too, so checking after the exit would prove nothing).

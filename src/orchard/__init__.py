@@ -17,6 +17,7 @@ Example::
 Errors are in ``orchard.errors``; all derive from ``OrchardError``.
 """
 
+import importlib
 from typing import TYPE_CHECKING
 
 from orchard_executor.protocol import ExecResult, ExitEvent, FileStat, OutputEvent, ProcessStatus
@@ -30,7 +31,13 @@ from ._spec import SandboxSpec
 from .errors import OrchardError
 
 if TYPE_CHECKING:
+    from . import harness as harness
+    from . import sync as sync
+    from . import tasks as tasks
     from .gateway import ModelGateway
+
+#: Subpackages that ``orchard.NAME`` imports on first use, so ``import orchard`` stays light.
+_LAZY_MODULES = ("harness", "sync", "tasks")
 
 __version__ = "0.1.0"
 
@@ -62,4 +69,6 @@ def __getattr__(name: str) -> object:
         from .gateway import ModelGateway
 
         return ModelGateway
+    if name in _LAZY_MODULES:
+        return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module 'orchard' has no attribute {name!r}")
