@@ -269,7 +269,10 @@ def test_import_orchard_does_not_import_sync() -> None:
 
 def test_orchard_sync_is_reachable_after_import_orchard_alone() -> None:
     # As the README writes it: `import orchard`, then `orchard.sync.Client(...)`, with no `import orchard.sync`.
-    code = "import sys, orchard; c = orchard.sync.Client; assert 'orchard.sync' in sys.modules; orchard.no_such_thing"
+    code = (
+        "import sys, orchard; assert 'orchard.rollout' not in sys.modules; c = orchard.sync.Client; "
+        "r = orchard.rollout.run; assert 'orchard.sync' in sys.modules; orchard.no_such_thing"
+    )
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
     assert "module 'orchard' has no attribute 'no_such_thing'" in run.stderr, run.stderr
 

@@ -32,12 +32,13 @@ from .errors import OrchardError
 
 if TYPE_CHECKING:
     from . import harness as harness
+    from . import rollout as rollout
     from . import sync as sync
     from . import tasks as tasks
     from .gateway import ModelGateway
 
 #: Subpackages that ``orchard.NAME`` imports on first use, so ``import orchard`` stays light.
-_LAZY_MODULES = ("harness", "sync", "tasks")
+_LAZY_MODULES = ("harness", "rollout", "sync", "tasks")
 
 __version__ = "0.1.0"
 
