@@ -11,6 +11,7 @@
 #   orchard-executor:latest     Dockerfile.executor on that base (also :VERSION)
 #   orchard-test/busybox        a static busybox and nothing else
 #   orchard-test/swe            Debian + bash, git, python3 and a repo at /testbed
+#   orchard-test/toys           the same, with the toy tasks' repositories under /toys (examples/tasks/swe-mini.jsonl)
 #   orchard-test/noshell        a few coreutils programs, no shell at all
 #   orchard-test/nonroot        busybox as an unprivileged user with nowhere to write
 #   orchard-tools:latest        agent-harness CLIs with their runtimes (images/tools), for tools=[...]
@@ -102,6 +103,7 @@ for name in busybox nonroot; do
 done
 "$DOCKER" build -q --network none --build-arg BASE="$BASE" -t orchard-test/noshell:latest images/tasks/noshell >/dev/null
 "$DOCKER" build -q --network none --build-arg BASE="$BASE" -t orchard-test/swe:latest images/tasks/swe >/dev/null
+"$DOCKER" build -q --network none --build-arg BASE="$BASE" -t orchard-test/toys:latest images/tasks/toys >/dev/null
 
 step "executor wheels"
 # Downloaded here, where the package index is reachable, and passed in the build
