@@ -23,6 +23,32 @@ class ConfigError(OrchardError, ValueError):
     """A client or sandbox option is invalid; the message names the option."""
 
 
+class TaskError(ConfigError):
+    """A task file or task is malformed, found before any sandbox starts; or a task cannot run on this backend.
+
+    The message names the file (or the list index), the line and the field.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        source: str | None = None,
+        line: int | None = None,
+        field: str | None = None,
+        task_id: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        #: The task file's path, or ``"tasks[i]"`` for a list given in memory.
+        self.source = source
+        #: The 1-based line of the task file (None for a list).
+        self.line = line
+        #: The field at fault, if one.
+        self.field = field
+        #: The task's id, once known.
+        self.task_id = task_id
+
+
 class TraceError(OrchardError, OSError):
     """The ``trace=`` file cannot be opened (at sandbox creation, before any start) or written."""
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +31,10 @@ class Task:
     check: str | None = None
     #: The SWE-bench instance as given, or None for a generic task.
     instance: Mapping[str, Any] | None = None
+    #: A host directory holding the task's repository, for the ``local`` backend (which has no images): copied
+    #: into the sandbox's own working directory, and committed there if it is no git repository, before the
+    #: agent or the tests run. Other backends ignore it: their image holds the repository.
+    local_dir: str | None = None
 
 
 @dataclass(frozen=True)
@@ -46,3 +50,6 @@ class Reward:
     tests: Mapping[str, str] = field(default_factory=dict)
     #: The last few KiB of the test log.
     log_tail: str = ""
+    #: swebench's grading of a SWE-bench task: ``{"FAIL_TO_PASS": {"success": [...], "failure": [...]},
+    #: "PASS_TO_PASS": {...}}``, so the tests that decided a 0 are named; empty when there were no test results.
+    report: Mapping[str, Mapping[str, Sequence[str]]] = field(default_factory=dict)
