@@ -183,19 +183,29 @@ class Results:
         """The graded attempts in the chat format SFT and RL trainers take, one dict per attempt.
 
         Each is ``{"messages": [...], "reward": float, "solved": bool, "task": id, "attempt": i,
-        "kind": "ok" | "agent_error"}``. The messages are the answer's own when the agent returned
-        a dict with a ``"messages"`` list; otherwise a user message with the task's instruction
-        and an assistant message with the answer (a string as is, anything else as JSON; an agent
-        error's assistant message is empty). Infra failures, reward failures and skipped
-        attempts are left out: they have no reward. With ``path``, also written there as JSON lines.
+        "kind": "ok" | "agent_error"}``, plus ``"tools"`` when the conversation came with tool
+        definitions. The messages are, first found:
+
+        - the answer's own, when the agent returned a dict with a ``"messages"`` list;
+        - the model calls the attempt's gateway recorded (``sandbox={"model": gateway}``): the
+          last answered call's request messages (as Chat Completions, whichever API the harness
+          spoke) followed by its reply, the whole trajectory as the model last saw it;
+        - a user message with the task's instruction and an assistant message with the answer
+          (a string as is, anything else as JSON; an agent error's is empty).
+
+        Infra failures, reward failures and skipped attempts are left out: they have no reward.
+        With ``path``, also written there as JSON lines.
         """
         rows = []
         for r in self.records:
             if r["kind"] not in ("ok", "agent_error"):
                 continue
             answer = r.get("answer")
+            tools: Any = None
             if isinstance(answer, dict) and isinstance(answer.get("messages"), list):
                 messages = answer["messages"]
+            elif (conversation := conversation_of(r.get("calls") or [])) is not None:
+                messages, tools = conversation
             else:
                 if answer is None:
                     content = ""
@@ -205,20 +215,87 @@ class Results:
                     content = json.dumps(answer, default=repr, ensure_ascii=False)
                 instruction = self.tasks.get(r["task"], {}).get("instruction", "")
                 messages = [{"role": "user", "content": instruction}, {"role": "assistant", "content": content}]
-            rows.append(
-                {
-                    "messages": messages,
-                    "reward": r["reward"],
-                    "solved": bool(r.get("solved")),
-                    "task": r["task"],
-                    "attempt": r["attempt"],
-                    "kind": r["kind"],
-                }
-            )
+            row: dict[str, Any] = {
+                "messages": messages,
+                "reward": r["reward"],
+                "solved": bool(r.get("solved")),
+                "task": r["task"],
+                "attempt": r["attempt"],
+                "kind": r["kind"],
+            }
+            if tools:
+                row["tools"] = tools
+            rows.append(row)
         if path is not None:
             with open(path, "w", encoding="utf-8") as f:
                 f.writelines(dumps(row) for row in rows)
         return rows
+
+
+def conversation_of(calls: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]], Any] | None:
+    """The messages and tools of a sandbox's last answered model call, its reply appended; None if none answered.
+
+    The request is the Chat Completions body (the harness's own for ``chat``, the gateway's translation sent
+    upstream for ``messages`` and ``responses``); the reply is turned into a Chat Completions assistant message.
+    """
+    for call in reversed(calls):
+        if call.get("status") != 200 or call.get("error") or not isinstance(call.get("response"), dict):
+            continue
+        body = call.get("request") if call.get("api") == "chat" else call.get("upstream_request")
+        if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
+            continue
+        reply = _assistant_message(call["api"], call["response"])
+        if reply is None:
+            continue
+        return [*body["messages"], reply], body.get("tools")
+    return None
+
+
+def _assistant_message(api: str, response: dict[str, Any]) -> dict[str, Any] | None:
+    """A reply in the API the harness spoke, as a Chat Completions assistant message."""
+    text: list[str] = []
+    reasoning: list[str] = []
+    calls: list[dict[str, Any]] = []
+    if api == "chat":
+        choices = response.get("choices") or []
+        chosen = choices[0].get("message") if choices and isinstance(choices[0], dict) else None
+        if not isinstance(chosen, dict):
+            return None
+        return {k: v for k, v in chosen.items() if v is not None} | {"role": "assistant"}
+    if api == "messages":
+        for block in response.get("content") or []:
+            kind = block.get("type")
+            if kind == "text":
+                text.append(block.get("text", ""))
+            elif kind == "thinking":
+                reasoning.append(block.get("thinking", ""))
+            elif kind == "tool_use":
+                arguments = json.dumps(block.get("input") or {}, ensure_ascii=False)
+                calls.append(_tool_call(block.get("id"), block.get("name"), arguments))
+    elif api == "responses":
+        for item in response.get("output") or []:
+            kind = item.get("type")
+            if kind == "message":
+                text.extend(p.get("text", "") for p in item.get("content") or [] if p.get("type") == "output_text")
+            elif kind == "reasoning":
+                parts = [*(item.get("summary") or []), *(item.get("content") or [])]
+                reasoning.extend(
+                    p.get("text", "") for p in parts if p.get("type") in ("summary_text", "reasoning_text")
+                )
+            elif kind == "function_call":
+                calls.append(_tool_call(item.get("call_id"), item.get("name"), item.get("arguments") or "{}"))
+    else:
+        return None
+    message: dict[str, Any] = {"role": "assistant", "content": "".join(text) or None}
+    if reasoning:
+        message["reasoning_content"] = "".join(reasoning)
+    if calls:
+        message["tool_calls"] = calls
+    return message
+
+
+def _tool_call(call_id: Any, name: Any, arguments: str) -> dict[str, Any]:
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
 def _rate(records: Sequence[dict[str, Any]]) -> float | None:

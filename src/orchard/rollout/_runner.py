@@ -75,6 +75,7 @@ def _new_record(task_id: str, attempt: int) -> dict[str, Any]:
         "started_at": None,
         "ended_at": None,
         "trace": None,
+        "calls": None,
     }
 
 
@@ -125,6 +126,8 @@ class _Run:
         self.store = store
         self.records = records
         self.progress = progress
+        #: The ``ModelGateway`` of ``sandbox={"model": ...}``: each attempt's record gets its sandbox's calls.
+        self.gateway = spec.get("model")
         self.active = 0
         self.kinds: collections.Counter[str] = collections.Counter()
         self.solved = 0
@@ -235,27 +238,42 @@ class _Run:
         durations["start"] = time.monotonic() - t0
         record["sandbox_id"] = sb.id
         try:
-            failure = await self._setup(sb, task, durations)
-            if failure is not None:
-                return failure
-            t1 = time.monotonic()
-            try:
-                async with asyncio.timeout(self.timeout) as deadline:
-                    answer = await self.agent(sb, task, attempt=attempt)
-            except Exception as exc:
-                durations["agent"] = time.monotonic() - t1
-                if not deadline.expired() and (cause := infra_cause(exc)) is not None:
-                    return _failure("agent", cause, sb.id)
-                error, trace = _describe_error(exc)
-                if deadline.expired():
-                    error = f"the agent did not return within timeout={self.timeout:g}s"
-                record.update(kind="agent_error", reward=0.0, solved=False, error=error, traceback=trace)
-                return None
-            durations["agent"] = time.monotonic() - t1
-            record["answer"] = answer
-            return None
+            failure = await self._in_sandbox(sb, task, attempt, record)
         finally:
             await asyncio.shield(sb.aclose())
+        if self.gateway is not None:
+            # The sandbox's model calls, those that ended: the agent awaited its harness, so all of them unless it
+            # left one running (cancelled when the key was revoked at close, and recorded a moment later). The
+            # record keeps the calls of the try that answered; a failed try's are only counted.
+            calls = self.gateway.calls(sb)
+            if failure is None:
+                record["calls"] = calls
+            else:
+                failure["calls"] = len(calls)
+        return failure
+
+    async def _in_sandbox(self, sb: Sandbox, task: Task, attempt: int, record: dict[str, Any]) -> dict[str, Any] | None:
+        """Setup and the agent in a started sandbox. Returns the infrastructure failure, if one."""
+        durations = record["durations"]
+        failure = await self._setup(sb, task, durations)
+        if failure is not None:
+            return failure
+        t1 = time.monotonic()
+        try:
+            async with asyncio.timeout(self.timeout) as deadline:
+                answer = await self.agent(sb, task, attempt=attempt)
+        except Exception as exc:
+            durations["agent"] = time.monotonic() - t1
+            if not deadline.expired() and (cause := infra_cause(exc)) is not None:
+                return _failure("agent", cause, sb.id)
+            error, trace = _describe_error(exc)
+            if deadline.expired():
+                error = f"the agent did not return within timeout={self.timeout:g}s"
+            record.update(kind="agent_error", reward=0.0, solved=False, error=error, traceback=trace)
+            return None
+        durations["agent"] = time.monotonic() - t1
+        record["answer"] = answer
+        return None
 
     async def _setup(self, sb: Sandbox, task: Task, durations: dict[str, float]) -> dict[str, Any] | None:
         """Run the task's setup commands; a failing one is an infrastructure failure (the task's environment)."""
@@ -319,6 +337,17 @@ class _Run:
         return not getattr(self.client, "_closed", False)
 
 
+def _describe_spec(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """The sandbox options as run.json keeps them: env names without their values (secrets), the gateway's upstream."""
+    out = dict(spec)
+    if isinstance(out.get("env"), Mapping):
+        out["env"] = sorted(out["env"])
+    gateway = out.get("model")
+    if gateway is not None:
+        out["model"] = {"upstream": getattr(gateway, "upstream", None), "model": getattr(gateway, "model", None)}
+    return out
+
+
 def _threshold(adaptive: bool | float) -> float | None:
     if adaptive is True:
         return _plan.DEFAULT_THRESHOLD
@@ -361,7 +390,7 @@ def _params(
         "backend": type(client.config).__name__,
         "agent": getattr(agent, "__qualname__", repr(agent)),
         "reward": getattr(reward, "__qualname__", repr(reward)),
-        "sandbox": dict(spec),
+        "sandbox": _describe_spec(spec),
         "tasks": [{"id": t.id, "image": t.image, "instruction": t.instruction, "workdir": t.workdir} for t in tasks],
     }
 
