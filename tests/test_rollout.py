@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import random
@@ -14,7 +15,8 @@ import pytest
 
 import orchard
 import orchard.rollout
-from orchard.errors import ConfigError
+import orchard.tasks
+from orchard.errors import ConfigError, TaskError
 from orchard.tasks import Reward, Task
 from support import unisolated_ok
 
@@ -214,7 +216,8 @@ async def test_setup_failure_is_infra_and_the_run_goes_on(local_client: orchard.
     for r in results.groups["broken"]:
         assert (r["kind"], r["tries"]) == ("infra_error", 2)
         assert r["infra"][0]["phase"] == "setup"
-        assert r["infra"][0]["message"] == "setup command 1 of 1 exited 3: no disk\n"
+        assert (r["infra"][0]["error"], r["infra"][0]["reason"]) == ("TaskError", "setup")
+        assert r["infra"][0]["message"] == "task broken: setup[0] exited 3: no disk\n"
     assert no_sandboxes(local_root)
 
 
@@ -431,3 +434,29 @@ async def test_a_partial_last_line_is_dropped_on_resume(local_client: orchard.Cl
     assert rerun.counts["ok"] == 2
     # The partial line is gone and the new record is a line of its own: every line parses.
     assert [(r["task"], r["attempt"]) for r in lines(out)] == [("always", 0), ("never", 0)]
+
+
+TOYS = Path(__file__).parent.parent / "examples" / "tasks" / "swe-mini.jsonl"
+
+
+async def test_toy_tasks_start_through_task_sandbox_and_grade_by_swe_reward(
+    local_client: orchard.Client, local_root: Path
+) -> None:
+    """The toy SWE tasks on the local backend: each attempt's repository is the task's local_dir, committed."""
+    toys = orchard.tasks.load(TOYS)
+    policy = orchard.tasks.ScriptedPolicy(p_right=0.5, seed=0)
+    results = await orchard.rollout.run(
+        local_client, toys, agent=policy, reward=orchard.tasks.swe_reward, n=2, concurrency=8, progress=False
+    )
+    assert results.counts["ok"] == 12
+    assert results.pass_rate == {t.id: sum(policy.chooses_right(t, a) for a in range(2)) / 2 for t in toys}
+    assert 0 < results.overall < 1  # type: ignore[operator]
+    for r in results.records:
+        assert r["answer"].startswith("diff --git")  # the sandbox's git diff against the committed local_dir
+        assert r["solved"] == all(s == "PASSED" for s in r["tests"].values())
+
+    # A SWE-bench task without local_dir cannot run on the local backend: refused before any sandbox starts.
+    bare = dataclasses.replace(toys[0], local_dir=None)
+    with pytest.raises(TaskError, match="needs local_dir"):
+        await orchard.rollout.run(local_client, [bare], agent=policy, reward=orchard.tasks.swe_reward, progress=False)
+    assert no_sandboxes(local_root)

@@ -12,8 +12,18 @@ import traceback
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from .._backends import LocalConfig
 from .._spec import make_spec
-from ..errors import ConfigError, OrchardError, SandboxClosed, SandboxLost, SandboxStartError, SandboxTimeout
+from ..errors import (
+    ConfigError,
+    OrchardError,
+    SandboxClosed,
+    SandboxLost,
+    SandboxStartError,
+    SandboxTimeout,
+    TaskError,
+)
+from ..tasks._sandbox import task_sandbox
 from ..tasks._types import Reward, Task
 from . import _plan
 from ._results import Results
@@ -91,10 +101,6 @@ def _failure(phase: str, exc: OrchardError, sandbox_id: str | None) -> dict[str,
 
 def _describe_error(exc: BaseException) -> tuple[str, str]:
     return f"{type(exc).__name__}: {exc}", "".join(traceback.format_exception(exc))
-
-
-def _tail(text: str, limit: int = 2000) -> str:
-    return text[-limit:]
 
 
 class _Run:
@@ -220,27 +226,31 @@ class _Run:
         return record
 
     async def _run_agent(self, task: Task, attempt: int, record: dict[str, Any]) -> dict[str, Any] | None:
-        """One try of the sandbox part: start, setup, agent. Returns the infrastructure failure, if one."""
+        """One try of the sandbox part: start, setup, agent. Returns the infrastructure failure, if one.
+
+        The sandbox comes from ``orchard.tasks.task_sandbox``: the task's image and workdir, its ``local_dir``
+        on the local backend, its setup commands.
+        """
         spec = dict(self.spec)
-        if task.workdir is not None:
-            spec["workdir"] = task.workdir
         if self.store is not None and "trace" not in spec:
             spec["trace"] = record["trace"] = self.store.trace_path(task.id, attempt)
         durations = record["durations"] = {}
+        sb: Sandbox | None = None
+        failure: dict[str, Any] | None = None
         t0 = time.monotonic()
         try:
-            sb = await self.client.create(task.image, **spec)
-        except INFRA_ERRORS as exc:
-            if isinstance(exc, SandboxClosed):
-                raise  # the Client is closed: no attempt can run
+            async with task_sandbox(self.client, task, **spec) as sb:
+                ready = time.monotonic() - t0
+                # The sandbox's own start (to its executor ready); the rest is setup (local_dir, commands).
+                durations["start"] = min(max(sb.timings.values(), default=ready), ready)
+                durations["setup"] = ready - durations["start"]
+                record["sandbox_id"] = sb.id
+                failure = await self._in_sandbox(sb, task, attempt, record)
+        except OrchardError as exc:
+            if sb is not None:
+                raise  # not from the start or the setup (those end before the sandbox is handed over)
             durations["start"] = time.monotonic() - t0
-            return _failure("start", exc, None)
-        durations["start"] = time.monotonic() - t0
-        record["sandbox_id"] = sb.id
-        try:
-            failure = await self._in_sandbox(sb, task, attempt, record)
-        finally:
-            await asyncio.shield(sb.aclose())
+            return self._not_ready(exc)
         if self.gateway is not None:
             # The sandbox's model calls, those that ended: the agent awaited its harness, so all of them unless it
             # left one running (cancelled when the key was revoked at close, and recorded a moment later). The
@@ -252,12 +262,36 @@ class _Run:
                 failure["calls"] = len(calls)
         return failure
 
+    def _not_ready(self, exc: OrchardError) -> dict[str, Any]:
+        """The infrastructure failure of a sandbox that did not get ready for the agent, or raise what is fatal."""
+        if isinstance(exc, TaskError):
+            # A setup command (or the local_dir commit) failed: the task's environment, maybe a download.
+            return {
+                "phase": "setup",
+                "error": type(exc).__name__,
+                "message": str(exc),
+                "reason": "setup",
+                "sandbox_id": exc.sandbox_id,
+            }
+        if isinstance(exc, SandboxClosed) and not self._client_open():
+            raise exc  # the Client is closed: no attempt can run
+        if isinstance(exc, SandboxStartError | SandboxTimeout):
+            return _failure("start", exc, None)
+        if isinstance(exc, INFRA_ERRORS):
+            return _failure("setup", exc, None)  # lost while its setup ran
+        if isinstance(exc, ConfigError):
+            raise exc  # a sandbox option the backend refuses: no retry fixes it
+        return {  # the upload of local_dir or a setup command could not run
+            "phase": "setup",
+            "error": type(exc).__name__,
+            "message": str(exc),
+            "reason": "setup",
+            "sandbox_id": exc.sandbox_id,
+        }
+
     async def _in_sandbox(self, sb: Sandbox, task: Task, attempt: int, record: dict[str, Any]) -> dict[str, Any] | None:
-        """Setup and the agent in a started sandbox. Returns the infrastructure failure, if one."""
+        """The agent in a ready sandbox. Returns the infrastructure failure, if one."""
         durations = record["durations"]
-        failure = await self._setup(sb, task, durations)
-        if failure is not None:
-            return failure
         t1 = time.monotonic()
         try:
             async with asyncio.timeout(self.timeout) as deadline:
@@ -274,38 +308,6 @@ class _Run:
         durations["agent"] = time.monotonic() - t1
         record["answer"] = answer
         return None
-
-    async def _setup(self, sb: Sandbox, task: Task, durations: dict[str, float]) -> dict[str, Any] | None:
-        """Run the task's setup commands; a failing one is an infrastructure failure (the task's environment)."""
-        t0 = time.monotonic()
-        try:
-            for i, command in enumerate(task.setup, 1):
-                where = f"setup command {i} of {len(task.setup)}"
-                try:
-                    result = await sb.exec(command, timeout=self.timeout)
-                except OrchardError as exc:
-                    cause = infra_cause(exc)
-                    if cause is not None:
-                        return _failure("setup", cause, sb.id)
-                    return {
-                        "phase": "setup",
-                        "error": type(exc).__name__,
-                        "message": f"{where}: {exc}",
-                        "reason": "setup",
-                        "sandbox_id": sb.id,
-                    }
-                if result.exit_code != 0 or result.timed_out:
-                    status = "timed out" if result.timed_out else f"exited {result.exit_code}"
-                    return {
-                        "phase": "setup",
-                        "error": "SetupFailed",
-                        "message": f"{where} {status}: {_tail(result.stderr or result.stdout, 500)}",
-                        "reason": "setup",
-                        "sandbox_id": sb.id,
-                    }
-            return None
-        finally:
-            durations["setup"] = time.monotonic() - t0
 
     async def _run_reward(self, task: Task, answer: Any, record: dict[str, Any]) -> dict[str, Any] | None:
         """One try of grading. Returns the infrastructure failure, if one."""
@@ -465,6 +467,15 @@ async def run(
     plain = {k: v for k, v in spec.items() if k not in _CREATE_OPTIONS}
     for image, workdir in {(t.image, t.workdir) for t in tasks}:
         make_spec(image, plain if workdir is None else {**plain, "workdir": workdir})  # a bad option fails here
+    if isinstance(client.config, LocalConfig):
+        for t in tasks:
+            if t.instance is not None and t.local_dir is None:  # task_sandbox refuses it: say so before any start
+                raise TaskError(
+                    f"task {t.id}: the local backend has no images, so a SWE-bench task needs local_dir "
+                    "(a directory holding its repository); or use the docker or kubernetes backend",
+                    field="local_dir",
+                    task_id=t.id,
+                )
 
     params = _params(
         tasks,
