@@ -497,6 +497,9 @@ class ModelGateway:
         acc = tr.ChatAccumulator()
         resp = await self._post(chat, self._each)
         out: web.StreamResponse | None = None
+        # The pieces made from one read of the upstream go to the harness in one write: a write is a
+        # packet, and through the reverse tunnel a websocket message, each waking every process on the way.
+        pending: list[bytes] = []
         try:
             await self._upstream_status(resp)
             out = web.StreamResponse(headers=_SSE)
@@ -525,13 +528,15 @@ class ModelGateway:
                     if piece:
                         if call.ttft is None and _has_output(chunk):
                             call.first_token()
-                        await out.write(piece)
+                        pending.append(piece)
                 if done:
                     break
+                if pending:
+                    joined, pending = b"".join(pending), []
+                    await out.write(joined)
             if not done:
                 raise _Failure(502, "the upstream closed the stream before its end ([DONE])", "upstream_error")
-            await out.write(translator.finish())
-            await out.write_eof()
+            await out.write_eof(b"".join(pending) + translator.finish())
             # Read the upstream reply to its end, so its connection is kept for the next call.
             with contextlib.suppress(TimeoutError, aiohttp.ClientError):
                 await resp.read()
@@ -547,8 +552,7 @@ class ModelGateway:
             call.response = translator.final if translator.final is not None else call.completion
             call.error = {"type": failure.code, "message": failure.message}
             with contextlib.suppress(ConnectionError):
-                await out.write(translator.error(failure.status, failure.message, failure.code))
-                await out.write_eof()
+                await out.write_eof(b"".join(pending) + translator.error(failure.status, failure.message, failure.code))
             return out
         except asyncio.CancelledError:
             call.completion = acc.completion()
