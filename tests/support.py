@@ -235,6 +235,7 @@ TOOL_CHECK = {
     "pi": ("--version", "{v}"),
     "openclaw": ("--version", "OpenClaw {v} "),
     "mini": ("--help", "This is mini-swe-agent version {v}."),
+    "hermes": ("--version", "Hermes Agent v{v} "),
 }
 
 

@@ -16,7 +16,7 @@ fetched when a sandbox runs). DIR becomes the bundle, read-only at
 The Node harnesses run on the bundled Node, whose ELF interpreter and RPATH
 are set to ``MOUNT/lib`` (patchelf), so it needs no libc of the image; Bun
 single-file binaries (claude, opencode) are started through that loader;
-codex is a static binary. The Python harnesses (mini) have their packages
+codex is a static binary. The Python harnesses (mini, hermes) have their packages
 in ``<name>/site-packages`` and run on the bundled CPython through that
 loader; its ``python3._pth`` fixes ``sys.path`` to its stdlib (and implies
 isolated mode: no PYTHON* variable or site-packages of the image counts),
@@ -62,10 +62,26 @@ NATIVE = {
 CODEX_RG = "package/vendor/x86_64-unknown-linux-musl/codex-path/rg"
 
 #: The Python harnesses: name -> (PyPI package, version, console-script "module:object").
-PY_HARNESSES = {"mini": ("mini-swe-agent", "2.4.6", "minisweagent.run.mini:app")}
+PY_HARNESSES = {
+    "mini": ("mini-swe-agent", "2.4.6", "minisweagent.run.mini:app"),
+    "hermes": ("hermes-agent", "0.19.0", "hermes_cli.main:main"),
+}
 #: Their dependencies, pinned: the closure pip resolved for each, except mini-swe-agent's `datasets`,
 #: which only its SWE-bench runners (mini-extra) import, and which would add pyarrow and pandas (~450 MiB).
 PY_REQUIREMENTS = {
+    "hermes": """
+        annotated-doc==0.0.7 annotated-types==0.8.0 anyio==4.16.0 certifi==2026.5.20 cffi==2.1.1
+        charset-normalizer==3.5.3 click==8.5.1 croniter==6.0.0 cryptography==46.0.7 distro==1.9.0
+        fastapi==0.165.0 fire==0.7.1 h11==0.16.0 httpcore==1.0.9 httptools==0.9.0 httpx==0.28.1 idna==3.20
+        Jinja2==3.1.6 jiter==0.19.0 Markdown==3.10.2 markdown-it-py==4.3.0 MarkupSafe==3.0.4 mdurl==0.1.2
+        openai==2.24.0 opentelemetry-api==1.45.2 packaging==26.0 pathspec==1.1.1 pillow==12.2.0
+        prompt_toolkit==3.0.52 psutil==7.2.2 ptyprocess==0.7.0 pycparser==3.12 pydantic==2.13.4
+        pydantic_core==2.46.4 Pygments==2.21.0 PyJWT==2.13.0 python-dateutil==4.0.0 python-dotenv==1.2.2
+        python-multipart==0.0.34 pytz==2026.6 PyYAML==6.0.3 requests==2.33.0 rich==14.3.3 ruamel.yaml==0.18.17
+        ruamel.yaml.clib==0.2.15 sniffio==1.3.1 socksio==1.0.0 starlette==1.10.0 tenacity==9.1.4 termcolor==3.3.0
+        tqdm==4.70.1 typing-inspection==0.4.5 typing_extensions==4.16.0 tzdata==2026.6 urllib3==2.8.0
+        uvicorn==0.55.0 uvloop==0.23.0 watchfiles==1.3.0 wcwidth==0.9.4 websockets==15.0.1
+    """.split(),
     "mini": """
         aiohappyeyeballs==2.7.1 aiohttp==3.14.5 aiosignal==1.4.0 annotated-doc==0.0.7 annotated-types==0.8.0
         anyio==4.16.0 attrs==26.1.0 boto3==1.44.8 botocore==1.44.8 certifi==2026.10.19.post1
@@ -95,6 +111,10 @@ STDLIB_PRUNE = {
 #: What is left out of the installed packages: console scripts (for pip's own Python), litellm's proxy web UI
 #: (static files only its proxy server serves), and at any depth caches, tests and type stubs.
 SITE_PRUNE = ("bin", "litellm/proxy/_experimental/out")
+#: Files written into a harness's site-packages. hermes: its install-method stamp (read beside ``hermes_cli``),
+#: "docker" as in its own image, whose read-only install it is like: no update check against PyPI (which
+#: ``hermes --version`` otherwise makes), and ``hermes update`` declines.
+PY_FILES = {"hermes": {".install_method": "docker\n"}}
 SITE_PRUNE_ANY = ("__pycache__", "tests", "*.pyi")
 
 HERE = Path(__file__).resolve().parent
@@ -196,6 +216,8 @@ def python_harness(out: Path, name: str, cache: Path, work: Path) -> None:
             shutil.rmtree(path)
         elif path.exists():
             path.unlink()
+    for relative, content in PY_FILES.get(name, {}).items():
+        (site / relative).write_text(content)
     module, obj = entry.split(":")
     script, packages = home / f"{name}.py", f"{MOUNT}/{site.relative_to(out)}"
     script.write_text(
@@ -284,8 +306,11 @@ def main() -> None:
 
         lib = out / "lib"
         lib.mkdir()
+        bundled = out.resolve()
         for path in sorted(needed_libraries(dynamic)):
-            shutil.copy2(path.resolve(), lib / path.name)
+            # Those a wheel vendors (pillow.libs) are in the bundle already, found through their RUNPATH.
+            if not path.resolve().is_relative_to(bundled):
+                shutil.copy2(path.resolve(), lib / path.name)
         shutil.copy2(Path("/lib64", LOADER).resolve(), lib / LOADER)
         # Node runs directly: its loader and RPATH (transitive, for the addons it dlopens) point into the bundle.
         run(

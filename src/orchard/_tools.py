@@ -19,7 +19,7 @@ ROOT = "/.orchard-tools"
 BUNDLE = f"{ROOT}/bundle"
 #: The harnesses the bundle holds (images/tools/build_tools.py: HARNESSES, PY_HARNESSES), with their versions
 #: in BUNDLE/VERSIONS.
-KNOWN = ("codex", "claude", "opencode", "pi", "openclaw", "mini")
+KNOWN = ("codex", "claude", "opencode", "pi", "openclaw", "mini", "hermes")
 
 
 def check(names: Iterable[str]) -> list[str]:
@@ -34,7 +34,7 @@ def check(names: Iterable[str]) -> list[str]:
 
 
 #: The bundle's shared runtimes each harness runs on, beside its own directory.
-NEEDS = {"pi": ("node",), "openclaw": ("node",), "mini": ("python",)}
+NEEDS = {"pi": ("node",), "openclaw": ("node",), "mini": ("python",), "hermes": ("python",)}
 
 # Both run in the tools image, with its static busybox, and write to /target.
 

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.k8s
 
 #: Each harness in one bare image (a pod copies only what it chose: all of them is ~1.9 GiB), all in SWE.
 CHOSEN = {
-    BUSYBOX: ["codex", "claude", "opencode"],
+    BUSYBOX: ["codex", "claude", "opencode", "hermes"],
     NOSHELL: ["pi", "openclaw", "mini"],
     SWE: list(_tools.KNOWN),
 }
