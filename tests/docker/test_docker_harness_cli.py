@@ -1,6 +1,6 @@
 """Real harness CLIs solve a task inside a sandbox with no network, their model reached through the gateway.
 
-claude (Claude Code), codex, opencode, pi and openclaw, from the tools bundle,
+claude (Claude Code), codex, opencode, pi, openclaw and hermes, from the tools bundle,
 run in the Debian SWE image on the docker backend with ``tools=[...]`` and
 ``model=gateway``, each with its plain one-shot command (no endpoint or model
 on the command line): each calls its own API at the gateway (claude Anthropic
@@ -46,7 +46,7 @@ def codex_exec(command: str) -> Json:
 
 
 def command_only(command: str) -> Json:
-    """Arguments of the ``bash`` tool of opencode and pi, and the ``exec`` tool of openclaw."""
+    """Arguments of the ``bash`` tool of opencode and pi, the ``exec`` tool of openclaw, hermes's ``terminal``."""
     return {"command": command}
 
 
@@ -73,6 +73,8 @@ HARNESSES: dict[str, tuple[list[str], dict[str, str], str, Callable[[str], Json]
         "exec",
         command_only,
     ),
+    # -Q: only the final answer on stdout; --yolo: run commands without asking.
+    "hermes": (["hermes", "chat", "-q", "{prompt}", "-Q", "--yolo"], {}, "terminal", command_only),
 }
 
 
@@ -194,14 +196,19 @@ async def test_codex_fixes_a_bug_with_the_network_closed(
 
 
 #: What each harness says when the gateway refuses a call past ``max_calls`` (429, ``insufficient_quota``):
-#: claude shows the gateway's message, codex its own.
+#: claude shows the gateway's message, codex its own; hermes the gateway's, after three tries of the call
+#: (about 8 s of backoff).
 REFUSED = {
     "claude": "API Error: Request rejected (429) · this sandbox reached the gateway's max_calls={limit}",
     "codex": "ERROR: Quota exceeded.",
+    "hermes": "API call failed after 3 retries: HTTP 429: this sandbox reached the gateway's max_calls={limit}",
 }
 
 
-@pytest.mark.parametrize("harness", ["claude", "codex"])
+# hermes starts in seconds and backs off about 8 s before it gives up: on a loaded 2-core machine the run
+# took most of a minute, so the deadlines leave room.
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("harness", ["claude", "codex", "hermes"])
 async def test_max_calls_cuts_off_a_harness_that_never_stops(
     client: orchard.Client, model: Upstream, harness: str, docker_ready: str
 ) -> None:
@@ -210,7 +217,7 @@ async def test_max_calls_cuts_off_a_harness_that_never_stops(
     _, env, tool, _ = HARNESSES[harness]
     async with orchard.ModelGateway(model.url, model="policy", max_calls=limit) as gateway:
         async with client.sandbox(SWE, workdir=WORKDIR, tools=[harness], model=gateway) as sb:
-            r = await sb.exec(command(harness, "Keep going until you are stopped"), env=env, timeout=60)
+            r = await sb.exec(command(harness, "Keep going until you are stopped"), env=env, timeout=120)
             calls = gateway.calls(sb)
     # The harness gave up on the refusal, with its own error, well within its timeout.
     assert not r.timed_out
@@ -231,7 +238,7 @@ async def test_max_calls_cuts_off_a_harness_that_never_stops(
     assert f"step {limit - 1}" in json.dumps(refused[0]["request"])
 
 
-@pytest.mark.parametrize("harness", ["opencode", "pi", "openclaw"])
+@pytest.mark.parametrize("harness", ["opencode", "pi", "openclaw", "hermes"])
 async def test_chat_harness_fixes_a_bug_with_the_network_closed(
     client: orchard.Client, model: Upstream, harness: str, docker_ready: str
 ) -> None:

@@ -2,8 +2,8 @@
 
 Inside the sandbox the gateway is at ``http://127.0.0.1:PORT`` (a reverse
 tunnel over the executor's connection; no egress is opened). Each harness is
-pointed there by environment variables, and the three that read their
-endpoint only from a file (codex, pi, openclaw) get one under ``CONFIG_DIR``,
+pointed there by environment variables, and the four that read their
+endpoint only from a file (codex, pi, openclaw, hermes) get one under ``CONFIG_DIR``,
 written when the sandbox has started. Every harness carries the sandbox's own
 key, which the gateway checks; the model name is the gateway's ``model``.
 """
@@ -66,6 +66,10 @@ def environment(key: str, model: str, port: int = PORT) -> dict[str, str]:
         "MSWEA_CONFIGURED": "true",
         "MSWEA_COST_TRACKING": "ignore_errors",
         "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+        # hermes (hermes-agent): its config.yaml under HERMES_HOME, where it also keeps its state; nothing
+        # pip-installed at run time (its config says so too).
+        "HERMES_HOME": f"{CONFIG_DIR}/hermes",
+        "HERMES_DISABLE_LAZY_INSTALLS": "1",
     }
 
 
@@ -113,11 +117,30 @@ def files(model: str, port: int = PORT) -> dict[str, str]:
         },
         "agents": {"defaults": {"model": {"primary": f"orchard/{model}"}}},
     }
+    # hermes: a "custom" provider at the gateway (OPENAI_BASE_URL is not what it uses: with --provider custom it
+    # went to openrouter.ai), the key expanded from the environment when it loads the file; context_length
+    # given, or it looks the model up (openrouter.ai, then the endpoint's /api/show and /v1/models); no lazy
+    # pip installs and no download of the tirith command scanner. JSON scalars are YAML scalars.
+    hermes = "\n".join(
+        [
+            "model:",
+            "  provider: custom",
+            f"  base_url: {json.dumps(base)}",
+            f"  default: {json.dumps(model)}",
+            '  api_key: "${' + KEY_ENV + '}"',
+            "  context_length: 128000",
+            "security:",
+            "  allow_lazy_installs: false",
+            "  tirith_enabled: false",
+            "",
+        ]
+    )
     return {
         f"{CONFIG_DIR}/codex/config.toml": codex,
         f"{CONFIG_DIR}/pi/models.json": json.dumps(pi, indent=2) + "\n",
         f"{CONFIG_DIR}/pi/settings.json": json.dumps(pi_settings, indent=2) + "\n",
         f"{CONFIG_DIR}/openclaw.json": json.dumps(openclaw, indent=2) + "\n",
+        f"{CONFIG_DIR}/hermes/config.yaml": hermes,
     }
 
 
