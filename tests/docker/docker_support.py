@@ -107,3 +107,19 @@ def executor_source_hash() -> str:
     spec.loader.exec_module(module)
     digest: str = module.source_hash(str(REPO / "executor" / "orchard_executor"))
     return digest
+
+
+def networks_of(sandbox_id: str) -> dict[str, bool]:
+    """The Docker networks a sandbox's container is on, each with whether the engine made it internal (no route out).
+
+    Asked of the engine rather than tried from inside: a test sends no traffic beyond this machine.
+    """
+    (found,) = containers(f"orchard.dev/sandbox={sandbox_id}")
+    info = inspect(found["Id"])
+    assert info is not None
+    out = {}
+    for name in info["NetworkSettings"]["Networks"]:
+        status, net = engine("GET", f"/networks/{name}")
+        assert status == 200, net
+        out[name] = bool(net["Internal"])
+    return out
