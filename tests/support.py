@@ -254,3 +254,46 @@ async def check_tool(sb: orchard.Sandbox, name: str, versions: dict[str, str]) -
     assert r.exit_code == 0, (name, r.output)
     # One stream: pi prints its version to stderr, and codex warns there.
     assert line.format(v=versions[name]) in r.output, (name, r.output)
+
+
+# -- The toy tasks rolled out (tests/test_rollout_toys.py and its docker and kubernetes twins) --
+
+TOY_ATTEMPTS = 8
+
+
+async def roll_out_toys(client: orchard.Client, out: str | os.PathLike[str], concurrency: int) -> str:
+    """The six toy tasks x TOY_ATTEMPTS of a seeded ScriptedPolicy, graded by swebench's code, checked.
+
+    Every attempt must be ``ok`` in one try and solved exactly when the
+    policy's seeded draw chose the right fix, so the pass rates are known in
+    advance. Returns a line saying what ran and how long it took.
+    """
+    import time
+    from pathlib import Path
+
+    import orchard.rollout
+    from orchard import tasks
+
+    toys = tasks.load(Path(__file__).resolve().parents[1] / "examples" / "tasks" / "swe-mini.jsonl")
+    policy = tasks.ScriptedPolicy(p_right=0.5, seed=7)
+    t0 = time.monotonic()
+    results = await orchard.rollout.run(
+        client,
+        toys,
+        agent=policy,
+        reward=tasks.reward,
+        n=TOY_ATTEMPTS,
+        concurrency=concurrency,
+        out=out,
+        progress=False,
+    )
+    elapsed = time.monotonic() - t0
+    total = len(toys) * TOY_ATTEMPTS
+    assert results.counts == {"ok": total, "agent_error": 0, "infra_error": 0, "reward_error": 0, "skipped": 0}
+    for r in results.records:
+        task = next(t for t in toys if t.id == r["task"])
+        assert (r["tries"], r["reason"]) == (1, None), r
+        assert r["solved"] is policy.chooses_right(task, r["attempt"]), (r["task"], r["attempt"], r["log_tail"])
+    expected = {t.id: sum(policy.chooses_right(t, a) for a in range(TOY_ATTEMPTS)) / TOY_ATTEMPTS for t in toys}
+    assert results.pass_rate == expected
+    return f"{len(toys)} toy tasks x {TOY_ATTEMPTS} attempts, concurrency {concurrency}: {elapsed:.1f} s; {expected}"
