@@ -32,6 +32,7 @@ CALC = "def add(a, b):\n    return a - b\n"
 TESTS = "from calc import add\n\nassert add(2, 3) == 5, add(2, 3)\nprint('all tests pass')\n"
 FIX = "sed -i 's/a - b/a + b/' calc.py"
 RUN_TESTS = "python3 test_calc.py"
+NO_PYC = {"PYTHONDONTWRITEBYTECODE": "1"}
 FINAL = "Fixed: add returns a + b now, and the tests pass."
 
 
@@ -134,7 +135,9 @@ async def fix_with(client: orchard.Client, gateway: orchard.ModelGateway, harnes
     async with client.sandbox(SWE, workdir=WORKDIR, tools=[harness], model=gateway) as sb:
         await sb.write_file("calc.py", CALC)
         await sb.write_file("test_calc.py", TESTS)
-        assert (await sb.exec(RUN_TESTS)).exit_code != 0
+        # No bytecode from this run: the fix keeps calc.py's size and may land in the same second, so Python
+        # would trust a stale calc.pyc and the fixed tests would still fail.
+        assert (await sb.exec(RUN_TESTS, env=NO_PYC)).exit_code != 0
         # No route out (the engine says the only network is internal): the gateway is reached only through the tunnel.
         assert networks_of(sb.id) == {"orchard-internal": True}
         r = await sb.exec(command(harness, "Fix the failing test in calc.py"), env=env, timeout=180)

@@ -77,7 +77,8 @@ async def test_mini_fixes_a_bug_with_the_network_closed(
         async with client.sandbox(SWE, workdir=WORKDIR, tools=["mini"], model=gateway) as sb:
             await sb.write_file("calc.py", CALC)
             await sb.write_file("test_calc.py", TESTS)
-            assert (await sb.exec("python3 test_calc.py")).exit_code != 0
+            # No bytecode from this run: a same-size fix in the same second would leave a stale calc.pyc trusted.
+            assert (await sb.exec("python3 test_calc.py", env={"PYTHONDONTWRITEBYTECODE": "1"})).exit_code != 0
             # No route out (the engine says the only network is internal): the gateway is reached only through the tunnel.
             assert networks_of(sb.id) == {"orchard-internal": True}
             # model=gateway put the model, its address and key, and mini's settings in the environment.
