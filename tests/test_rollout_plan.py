@@ -80,3 +80,48 @@ def test_a_resume_restores_outcomes_skips_and_extras_but_reruns_failures() -> No
     # a: its base attempts 2 and 3, then the extras the budget (8) leaves: 5 run, 2 skipped, so one (a, 5).
     assert handed == [("a", 2), ("a", 3), ("a", 5)]
     assert plan.used() == 8
+
+
+def test_adaptive_puts_off_the_base_attempts_of_groups_already_mixed() -> None:
+    plan = Plan(["a", "b", "c"], 4, 4)
+    first = [plan.start() for _ in range(3)]
+    assert first == [("a", 0), ("b", 0), ("c", 0)]
+    for tid, a in first:
+        plan.finish(tid, a, tid != "c")
+    assert [plan.start() for _ in range(3)] == [("a", 1), ("b", 1), ("c", 1)]
+    plan.finish("a", 1, False)  # a is mixed now: its attempts 2 and 3 wait for b's and c's
+    plan.finish("b", 1, True)
+    plan.finish("c", 1, False)
+    order = []
+    while (nxt := plan.start()) is not None:
+        order.append(nxt)
+        plan.finish(*nxt, True)
+    assert order == [("b", 2), ("c", 2), ("b", 3), ("c", 3), ("a", 2), ("a", 3)]
+    # Without adaptive the order stays attempt-major.
+    plain = Plan(["a", "b"], 2, None)
+    plain.finish(*plain.start(), True)  # type: ignore[misc]
+    assert plain.start() == ("b", 0)
+
+
+def mixed_groups_after_each_attempt(settle: int | None, rates: dict[str, float], n: int) -> list[int]:
+    """Run a plan one attempt at a time, outcomes drawn per (task, attempt) with the same seed in both modes."""
+    plan = Plan(rates, n, settle)
+    mixed_after = []
+    while (nxt := plan.start()) is not None:
+        tid, a = nxt
+        plan.finish(tid, a, random.Random(f"{tid}:{a}").random() < rates[tid])
+        mixed_after.append(sum(g.mixed() for g in plan.groups.values()))
+    return mixed_after
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_adaptive_reaches_as_many_mixed_groups_in_fewer_attempts(seed: int) -> None:
+    # A pool as RL's often are: 40% never solved, 20% always, 40% in between.
+    rng = random.Random(seed)
+    rates = {f"t{i:02d}": (0.0, 0.0, 1.0, rng.uniform(0.1, 0.9), rng.uniform(0.1, 0.9))[i % 5] for i in range(30)}
+    plain = mixed_groups_after_each_attempt(None, rates, 8)
+    adaptive = mixed_groups_after_each_attempt(settle_after(8, 0.5), rates, 8)
+    assert len(plain) == len(adaptive) == 240
+    target = min(plain[-1], adaptive[-1])
+    assert target > 0
+    assert adaptive.index(target) < plain.index(target)

@@ -56,10 +56,12 @@ class Plan:
     task, then attempt 1, ...), so every group reaches ``k`` outcomes early.
     With ``settle`` (``k``), a group whose counted outcomes number at least
     ``k`` and all agree is settled: its base attempts not yet started are
-    skipped. The attempts so freed go, once no base attempt is waiting, to
-    mixed groups (both outcomes seen; fewest attempts first) as extra
-    attempts numbered from ``n`` on. Attempts run (started, whatever their
-    end) never exceed ``len(tasks) * n``.
+    skipped. The base attempts of a group already mixed wait until no other
+    group's base attempt does: they cannot change that the group is mixed,
+    while the others' may. The attempts freed by settled groups go, once no
+    base attempt is waiting, to mixed groups (fewest attempts first) as
+    extra attempts numbered from ``n`` on. Attempts run (started, whatever
+    their end) never exceed ``len(tasks) * n``.
     """
 
     def __init__(self, task_ids: Iterable[str], n: int, settle: int | None) -> None:
@@ -70,6 +72,8 @@ class Plan:
         self._pending: collections.deque[tuple[str, int]] = collections.deque(
             (tid, a) for a in range(n) for tid in self.groups
         )
+        #: Base attempts of mixed groups, put off (adaptive only) until ``_pending`` is empty.
+        self._deferred: collections.deque[tuple[str, int]] = collections.deque()
         self._skips: list[tuple[str, int, str]] = []
         self.extras = 0
 
@@ -95,12 +99,16 @@ class Plan:
 
     def start(self) -> tuple[str, int] | None:
         """The next attempt to start now, marked running; None if none may start until one ends."""
-        while self._pending:
-            tid, a = self._pending.popleft()
+        while self._pending or self._deferred:
+            tid, a = self._pending.popleft() if self._pending else self._deferred.popleft()
             g = self.groups[tid]
-            if not g.settled and not g.taken(a):
-                g.running.add(a)
-                return tid, a
+            if g.settled or g.taken(a):
+                continue
+            if self.settle is not None and self._pending and g.mixed():
+                self._deferred.append((tid, a))
+                continue
+            g.running.add(a)
+            return tid, a
         if self.settle is None or self.used() >= self.budget:
             return None
         mixed = [(g.used(), i, tid) for i, (tid, g) in enumerate(self.groups.items()) if g.mixed()]
