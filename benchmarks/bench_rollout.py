@@ -234,6 +234,7 @@ def show(runs: list[dict[str, Any]], adaptive: dict[str, Any] | None) -> None:
 
 
 async def main(args: argparse.Namespace) -> dict[str, Any]:
+    load_before = os.getloadavg()
     runs = []
     for backend in args.backend:
         if backend == "kubernetes":
@@ -243,7 +244,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             show([r], None)
             runs.append(r)
     adaptive = None if args.no_adaptive else await adaptive_figures()
-    return {"throughput": runs, "adaptive": adaptive}
+    return {"throughput": runs, "adaptive": adaptive, "load_before": load_before, "load_after": os.getloadavg()}
 
 
 if __name__ == "__main__":
@@ -255,7 +256,13 @@ if __name__ == "__main__":
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     figures = asyncio.run(main(args))
-    figures["machine"] = {"cpus": os.cpu_count(), "python": sys.version.split()[0], "quick": args.quick}
+    figures["machine"] = {
+        "cpus": os.cpu_count(),
+        "python": sys.version.split()[0],
+        "quick": args.quick,
+        "load_before": figures.pop("load_before"),
+        "load_after": figures.pop("load_after"),
+    }
     print()
     show(figures["throughput"], figures["adaptive"])
     if args.json is not None:

@@ -160,6 +160,45 @@ def healthz_poll(r: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
+def rollout(r: dict[str, Any]) -> str:
+    m = r["machine"]
+    rows = [
+        f"Measured by `python benchmarks/bench_rollout.py --json benchmarks/results/rollout.json` on {m['cpus']} "
+        f"cores (load average {m['load_before'][0]:.1f} at start, {m['load_after'][0]:.1f} at the end): the six toy "
+        "tasks x n attempts of `ScriptedPolicy(p_right=0.5)`, each graded by `swe_reward` in a second sandbox; n "
+        "gives at least twice as many attempts as slots. Utilisation is the attempts' time in flight / (concurrency "
+        "x wall).",
+        "",
+        "| backend | concurrency | attempts | wall s | attempts/s | utilisation | mean s: start / agent / reward |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for x in r["throughput"]:
+        s = x["mean_s"]
+        rows.append(
+            f"| {x['backend']} | {x['concurrency']} | {x['attempts']} | {x['wall_s']:.0f} | "
+            f"{x['attempts_per_s']:.2f} | {x['utilisation']:.2f} | "
+            f"{s['start'] or 0:.2f} / {s['agent'] or 0:.2f} / {s['reward'] or 0:.2f} |"
+        )
+    a = r.get("adaptive")
+    if a:
+        rows += [
+            "",
+            f"`adaptive=True` against without, on the local backend ({a['tasks']} generic tasks x {a['n']}, solve "
+            "rates spread as an RL pool's: 40% never solved, 20% always, 40% between; seeded):",
+            "",
+            f"| | attempts to reach {a['target_mixed_groups']} mixed groups | attempts run | mixed groups at the end "
+            "| attempts in mixed groups |",
+            "| --- | ---: | ---: | ---: | ---: |",
+        ]
+        for name in ("without", "adaptive"):
+            x = a[name]
+            rows.append(
+                f"| {name} | {x['attempts_to_target']} | {x['attempts']} | {x['mixed_groups']} | "
+                f"{x['attempts_in_mixed_groups']} |"
+            )
+    return "\n".join(rows)
+
+
 def suite(r: dict[str, Any]) -> str:
     parts = ", ".join(f"{k} {v / 60:.1f}" for k, v in r.get("parts_s", {}).items())
     total = r["total_s"] if "total_s" in r else sum(r.get("parts_s", {}).values())
@@ -180,6 +219,7 @@ TABLES: dict[str, Callable[[dict[str, Any]], str]] = {
     "lifecycle": lifecycle,
     "scale": scale,
     "healthz-poll": healthz_poll,
+    "rollout": rollout,
     "suite": suite,
 }
 

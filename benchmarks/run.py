@@ -17,6 +17,8 @@ Parts, each also a script of its own (see its docstring):
 - ``trace``     bench_trace.py: trace='s overhead per exec
 - ``forward``   bench_forward.py: sb.forward latency and throughput against reaching the server from inside,
                 on local, local-bwrap, docker and kubernetes (both transports)
+- ``rollout``   bench_rollout.py: orchard.rollout's attempts per second and utilisation at concurrency 8, 32
+                and 128 on docker and kubernetes, and what adaptive=True saves
 
 Results go to benchmarks/results/NAME.json, plots to benchmarks/results/*.png.
 """
@@ -35,7 +37,19 @@ import bench_scale
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
-PARTS = ("local", "executor", "exec", "startup", "lifecycle", "scale", "tls", "sync", "trace", "forward")
+PARTS = (
+    "local",
+    "executor",
+    "exec",
+    "startup",
+    "lifecycle",
+    "scale",
+    "tls",
+    "sync",
+    "trace",
+    "forward",
+    "rollout",
+)
 IMAGE = "orchard-test/swe:latest"  # Debian with python3: the protocol's first command needs it
 
 
@@ -124,6 +138,9 @@ def main() -> None:
             python(f"benchmarks/bench_{part}.py", json_out, *(["--iterations=200"] if args.quick else []))
         elif part == "forward":
             forward(args.kubeconfig, args.quick)
+        elif part == "rollout":
+            os.environ["KUBECONFIG"] = args.kubeconfig  # bench_rollout.py reads it
+            python("benchmarks/bench_rollout.py", json_out, *(["--quick"] if args.quick else []))
         timings[part] = time.monotonic() - t0
         print(f"== {part}: {timings[part]:.0f} s", flush=True)
     if not args.quick:
