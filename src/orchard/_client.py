@@ -4,17 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
 from orchard_executor.protocol import Info
 
-from . import _handle, _tls, _trace
+from . import _handle, _tls, _trace, _warm
 from ._backends import BackendConfig, build_backend, make_config
 from ._backends.base import Backend, Instance
 from ._rpc import LIVENESS_TIMEOUT, READ_TIMEOUT, ExecutorClient
@@ -54,6 +55,14 @@ class Client:
             executor is so detected within twice this. Default 20.
         http_session: an aiohttp session to use instead of the Client's own
             (the caller then closes it).
+        warm: warm pools, ``{image: size}`` or ``{image: {"size": n,
+            **spec}}``: that many started, never-used sandboxes of the image
+            are kept ready (refilled in the background from when the Client
+            opens) and ``create`` with that image and the same spec claims
+            one at once instead of starting it. An empty pool, another spec,
+            or a pooled sandbox that stopped answering means a cold start,
+            never an error. ``await client.wait_warm()`` waits until the
+            pools are full; ``client.warm_status()`` tells how they are.
         **backend_options: options of the named backend's config.
     """
 
@@ -65,6 +74,7 @@ class Client:
         read_timeout: float = READ_TIMEOUT,
         liveness_timeout: float = LIVENESS_TIMEOUT,
         http_session: aiohttp.ClientSession | None = None,
+        warm: Mapping[str, int | Mapping[str, Any]] | None = None,
         **backend_options: Any,
     ) -> None:
         if max_concurrent_starts < 1:
@@ -83,6 +93,10 @@ class Client:
         self._starts = asyncio.Semaphore(max_concurrent_starts)
         self._live: dict[str, Sandbox] = {}
         self._closed = False
+        self._pools = {
+            image: _warm.Pool(spec, size, functools.partial(self._start_cold, spec))
+            for image, (size, spec) in _warm.parse(warm).items()
+        }
 
     async def __aenter__(self) -> Client:
         self._ensure_open()
@@ -102,7 +116,18 @@ class Client:
             )
         if self._backend is None:
             self._backend = build_backend(self.config, session_id=self.session_id, http=self._http)
+            for pool in self._pools.values():
+                pool.open()
         return self._backend, self._http
+
+    def warm_status(self) -> dict[str, dict[str, Any]]:
+        """Image -> its warm pool now: ``size``, ``ready``, ``starts`` (attempted) and ``last_error`` (or None)."""
+        return {image: pool.status() for image, pool in self._pools.items()}
+
+    async def wait_warm(self, timeout: float = 300.0) -> None:
+        """Return once every warm pool is full; ``SandboxTimeout`` (with the last start's error) if not in time."""
+        self._ensure_open()
+        await _warm.wait_full(self._pools, timeout)
 
     async def create(
         self, image: str = "local", *, trace: _trace.Trace | None = None, model: ModelGateway | None = None, **spec: Any
@@ -160,8 +185,20 @@ class Client:
         return sb
 
     async def _start(self, image: str, spec: dict[str, Any], sandbox_id: str) -> Sandbox:
-        backend, http = self._ensure_open()
+        self._ensure_open()
         sandbox_spec = make_spec(image, spec)
+        pool = self._pools.get(sandbox_spec.image)
+        if pool is not None and pool.spec == sandbox_spec:
+            t0 = time.monotonic()
+            sb = await pool.claim()
+            if sb is not None:
+                sb.timings = {"claim": time.monotonic() - t0}
+                return sb
+        return await self._start_cold(sandbox_spec, sandbox_id)
+
+    async def _start_cold(self, sandbox_spec: SandboxSpec, sandbox_id: str | None = None) -> Sandbox:
+        backend, http = self._ensure_open()
+        sandbox_id = sandbox_id or f"sb-{self.session_id}-{secrets.token_hex(4)}"
         if sandbox_spec.tools and not backend.tools:
             raise ConfigError(
                 f"tools={sandbox_spec.tools!r}: the {backend.name} backend cannot mount the harness tools bundle; "
@@ -315,6 +352,7 @@ class Client:
         if self._closed:
             return
         self._closed = True
+        await asyncio.gather(*(pool.aclose() for pool in self._pools.values()))
         live, self._live = list(self._live.values()), {}
         await asyncio.gather(*(sb.aclose() for sb in live), return_exceptions=True)
         if self._backend is not None:

@@ -526,6 +526,11 @@ class Client(_Proxy[_client.Client]):
         return Sandbox(self._loop.run(self._target.create(image, **spec), release=_release), self._loop)
 
     attach = _returning(_client.Client.attach, Sandbox)
+    wait_warm = _blocking(_client.Client.wait_warm)
+
+    def warm_status(self) -> dict[str, dict[str, Any]]:
+        """Image -> its warm pool now (see ``orchard.Client.warm_status``)."""
+        return self._target.warm_status()
 
     def sandbox(self, image: str = "local", **spec: Any) -> AbstractContextManager[Sandbox]:
         """Start a sandbox for the duration of a ``with`` block."""
