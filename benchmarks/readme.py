@@ -199,6 +199,29 @@ def rollout(r: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
+def warm(r: dict[str, Any]) -> str:
+    m = r["machine"]
+    rows = [
+        f"Measured by `python benchmarks/bench_warm.py --json benchmarks/results/warm.json` on {m['cpus']} cores "
+        f"(load average {m['load_before'][0]:.1f} at start, {m['load_after'][0]:.1f} at the end): from "
+        '`client.create` to the answer of `exec("true")`, one at a time with the pool full before each claim '
+        "(cold and warm alternating), then a burst at once (the whole group answered). local runs under bubblewrap.",
+        "",
+        "| backend | cold p50 / p99 ms | warm p50 / p99 ms | cold / warm p50 | burst at once: cold / warm s |",
+        "| --- | ---: | ---: | ---: | ---: |",
+    ]
+    for x in r["runs"]:
+        c, w = x["cold"], x["warm"]
+        rows.append(
+            f"| {x['backend']} | {c['p50_ms']:.1f} / {c['p99_ms']:.1f} | {w['p50_ms']:.1f} / {w['p99_ms']:.1f} | "
+            f"{c['p50_ms'] / w['p50_ms']:.0f}x | {x['burst']}: {x['cold_burst_s']:.2f} / {x['warm_burst_s']:.2f} |"
+        )
+    missed = sum(x["claims_missed"] for x in r["runs"])
+    if missed:
+        rows += ["", f"{missed} claims found the pool empty and started cold."]
+    return "\n".join(rows)
+
+
 def suite(r: dict[str, Any]) -> str:
     parts = ", ".join(f"{k} {v / 60:.1f}" for k, v in r.get("parts_s", {}).items())
     total = r["total_s"] if "total_s" in r else sum(r.get("parts_s", {}).values())
@@ -220,6 +243,7 @@ TABLES: dict[str, Callable[[dict[str, Any]], str]] = {
     "scale": scale,
     "healthz-poll": healthz_poll,
     "rollout": rollout,
+    "warm": warm,
     "suite": suite,
 }
 

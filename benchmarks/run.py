@@ -19,6 +19,7 @@ Parts, each also a script of its own (see its docstring):
                 on local, local-bwrap, docker and kubernetes (both transports)
 - ``rollout``   bench_rollout.py: orchard.rollout's attempts per second and utilisation at concurrency 8, 32
                 and 128 on docker and kubernetes, and what adaptive=True saves
+- ``warm``      bench_warm.py: warm pool claims against cold starts on local, docker and kubernetes
 
 Results go to benchmarks/results/NAME.json, plots to benchmarks/results/*.png.
 """
@@ -49,6 +50,7 @@ PARTS = (
     "trace",
     "forward",
     "rollout",
+    "warm",
 )
 IMAGE = "orchard-test/swe:latest"  # Debian with python3: the protocol's first command needs it
 
@@ -138,9 +140,10 @@ def main() -> None:
             python(f"benchmarks/bench_{part}.py", json_out, *(["--iterations=200"] if args.quick else []))
         elif part == "forward":
             forward(args.kubeconfig, args.quick)
-        elif part == "rollout":
-            os.environ["KUBECONFIG"] = args.kubeconfig  # bench_rollout.py reads it
-            python("benchmarks/bench_rollout.py", json_out, *(["--quick"] if args.quick else []))
+        elif part in ("rollout", "warm"):
+            os.environ["KUBECONFIG"] = args.kubeconfig  # both read it
+            quick = {"rollout": ["--quick"], "warm": ["--runs=5", "--burst=4"]}[part]
+            python(f"benchmarks/bench_{part}.py", json_out, *(quick if args.quick else []))
         timings[part] = time.monotonic() - t0
         print(f"== {part}: {timings[part]:.0f} s", flush=True)
     if not args.quick:

@@ -1,0 +1,132 @@
+"""Warm pools against cold starts: create (or claim) to the first command's answer, per backend.
+
+    python benchmarks/bench_warm.py [--backend local docker kubernetes] [--runs 20] [--burst 16]
+                                    [--json benchmarks/results/warm.json]
+
+For each backend, in one run: ``--runs`` sandboxes one at a time started
+cold, then as many claimed from ``Client(warm={image: size})`` with the pool
+full before each claim; then a burst of ``--burst`` at once (a GRPO group),
+cold, then claimed from a full pool of that size. Each figure is the time
+from ``client.create`` to the answer of ``exec("true")``. Cold and warm runs
+alternate per sample, so the machine's load hits both alike. Timings are
+printed, never asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+from _stats import pct
+
+import orchard
+from orchard.errors import UnisolatedWarning
+
+KUBECONFIG = os.environ.get("KUBECONFIG", "/var/lib/orchard-devcluster/kubeconfig")
+IMAGES = {"local": "local", "docker": "orchard-test/busybox:latest", "kubernetes": "orchard-test/busybox:latest"}
+
+
+def config(backend: str, root: str) -> Any:
+    if backend == "local":
+        return orchard.LocalConfig(root=root)  # bubblewrap, the default
+    if backend == "docker":
+        return orchard.DockerConfig()
+    return orchard.KubernetesConfig(namespace="orchard-bench-warm", kubeconfig=KUBECONFIG)
+
+
+async def first_command(client: orchard.Client, image: str) -> tuple[float, bool]:
+    t0 = time.perf_counter()
+    async with client.sandbox(image) as sb:
+        await sb.exec("true")
+        return time.perf_counter() - t0, "claim" in sb.timings
+
+
+def stats(values: list[float]) -> dict[str, float]:
+    return {"p50_ms": pct(values, 50) * 1000, "p99_ms": pct(values, 99) * 1000, "n": len(values)}
+
+
+async def backend_figures(backend: str, runs: int, burst: int) -> dict[str, Any]:
+    image = IMAGES[backend]
+    with tempfile.TemporaryDirectory() as root:
+        cold_client = orchard.Client(config(backend, root))
+        warm_client = orchard.Client(config(backend, root), warm={image: max(1, burst)})
+        async with cold_client, warm_client:
+            await warm_client.wait_warm(timeout=600)
+            cold, warm, missed = [], [], 0
+            for _ in range(runs):
+                cold.append((await first_command(cold_client, image))[0])
+                await warm_client.wait_warm(timeout=600)
+                seconds, claimed = await first_command(warm_client, image)
+                warm.append(seconds)
+                missed += not claimed
+            # The burst's figure is its slowest sandbox: when the whole group has answered.
+            cold_burst = max(
+                s for s, _ in await asyncio.gather(*(first_command(cold_client, image) for _ in range(burst)))
+            )
+            await warm_client.wait_warm(timeout=600)
+            claims = await asyncio.gather(*(first_command(warm_client, image) for _ in range(burst)))
+            warm_burst = max(s for s, _ in claims)
+            missed += sum(not claimed for _, claimed in claims)
+    return {
+        "backend": backend,
+        "image": image,
+        "cold": stats(cold),
+        "warm": stats(warm),
+        "burst": burst,
+        "cold_burst_s": cold_burst,
+        "warm_burst_s": warm_burst,
+        "claims_missed": missed,
+    }
+
+
+def show(r: dict[str, Any]) -> None:
+    c, w = r["cold"], r["warm"]
+    print(
+        f"{r['backend']:<11} create to first command, p50/p99 ms: cold {c['p50_ms']:.1f}/{c['p99_ms']:.1f}, "
+        f"warm {w['p50_ms']:.1f}/{w['p99_ms']:.1f} ({c['p50_ms'] / w['p50_ms']:.0f}x); "
+        f"{r['burst']} at once: cold {r['cold_burst_s']:.2f} s, warm {r['warm_burst_s']:.2f} s"
+        + (f"; {r['claims_missed']} claims fell back to cold" if r["claims_missed"] else "")
+    )
+
+
+async def main(args: argparse.Namespace) -> dict[str, Any]:
+    warnings.simplefilter("ignore", UnisolatedWarning)
+    load_before = os.getloadavg()
+    out = []
+    for backend in args.backend:
+        if backend == "kubernetes":
+            from bench_rollout import ensure_namespace  # this script's directory is on sys.path
+
+            await ensure_namespace("orchard-bench-warm")
+        r = await backend_figures(backend, args.runs, args.burst)
+        show(r)
+        out.append(r)
+    return {
+        "runs": out,
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": sys.version.split()[0],
+            "load_before": load_before,
+            "load_after": os.getloadavg(),
+        },
+    }
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--backend", nargs="+", default=["local", "docker", "kubernetes"])
+    parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument("--burst", type=int, default=16)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    figures = asyncio.run(main(args))
+    if args.json is not None:
+        args.json.write_text(json.dumps(figures, indent=2) + "\n")
