@@ -160,11 +160,17 @@ def healthz_poll(r: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
+def _measured_by(name: str, m: dict[str, Any]) -> str:
+    """The opening of a table's caption: the command, the cores and the load it ran at."""
+    return (
+        f"Measured by `python benchmarks/bench_{name}.py --json benchmarks/results/{name}.json` on {m['cpus']} "
+        f"cores (load average {m['load_before'][0]:.1f} at start, {m['load_after'][0]:.1f} at the end): "
+    )
+
+
 def rollout(r: dict[str, Any]) -> str:
-    m = r["machine"]
     rows = [
-        f"Measured by `python benchmarks/bench_rollout.py --json benchmarks/results/rollout.json` on {m['cpus']} "
-        f"cores (load average {m['load_before'][0]:.1f} at start, {m['load_after'][0]:.1f} at the end): the six toy "
+        _measured_by("rollout", r["machine"]) + "the six toy "
         "tasks x n attempts of `ScriptedPolicy(p_right=0.5)`, each graded by `swe_reward` in a second sandbox; n "
         "gives at least twice as many attempts as slots. Utilisation is the attempts' time in flight / (concurrency "
         "x wall).",
@@ -200,10 +206,8 @@ def rollout(r: dict[str, Any]) -> str:
 
 
 def warm(r: dict[str, Any]) -> str:
-    m = r["machine"]
     rows = [
-        f"Measured by `python benchmarks/bench_warm.py --json benchmarks/results/warm.json` on {m['cpus']} cores "
-        f"(load average {m['load_before'][0]:.1f} at start, {m['load_after'][0]:.1f} at the end): from "
+        _measured_by("warm", r["machine"]) + "from "
         '`client.create` to the answer of `exec("true")`, one at a time with the pool full before each claim '
         "(cold and warm alternating), then a burst at once (the whole group answered). local runs under bubblewrap.",
         "",
