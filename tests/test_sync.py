@@ -128,6 +128,10 @@ def exercise(sb: orchard.sync.Sandbox, local: Path) -> None:
         tar.addfile(info, io.BytesIO(b"hi"))
     sb.upload_tar("untarred", buf.getvalue())
     assert sb.read_file("untarred/t.txt") == b"hi"
+    snap = sb.snapshot(["untarred"])
+    sb.remove("untarred", recursive=True)
+    sb.restore(snap)
+    assert sb.read_file("untarred/t.txt") == b"hi"
     # The async API's errors, as they are.
     with pytest.raises(PathNotFound):
         sb.read_file("nope")

@@ -29,6 +29,7 @@ EXPECTED: dict[str, tuple[type[errors.ExecutorError], type[BaseException]]] = {
     "session_not_found": (errors.SessionNotFound, LookupError),
     "unsupported": (errors.Unsupported, NotImplementedError),
     "unsafe_archive": (errors.UnsafeUpload, errors.UnsafeArchive),
+    "too_large": (errors.SnapshotTooLarge, ValueError),
     "port_closed": (errors.PortClosed, ConnectionRefusedError),
     "too_many_tunnels": (errors.ExecutorError, errors.OrchardError),
     "stopping": (errors.ExecutorError, errors.OrchardError),

@@ -105,6 +105,8 @@ class State:
         self.processes = ProcessTable(self.state_dir, max_output=settings.max_output_limit)
         self.sessions = SessionTable(self.state_dir)
         self.started = time.monotonic()
+        #: Wall clock of the start: a changes-only tar takes what changed since.
+        self.started_ns = time.time_ns()
         self.last_activity = time.monotonic()
         self.in_flight = 0
         self.stopped = asyncio.Event()
@@ -667,9 +669,31 @@ async def tar_upload(request: web.Request) -> web.Response:
     return _reply(request, files.file_stat(path))
 
 
+async def tar_restore(request: web.Request) -> web.Response:
+    """Restore a snapshot's tar stream in place under a directory (``tarstream._restore``)."""
+    path = _query_path(request)
+    await files.extract_tar(
+        path,
+        _body_chunks(request),
+        max_bytes=_query_int(request, "max_bytes", tarstream.MAX_BYTES),
+        max_members=_query_int(request, "max_members", tarstream.MAX_MEMBERS),
+        restore=True,
+    )
+    return _reply(request, files.file_stat(path))
+
+
 async def tar_download(request: web.Request) -> web.StreamResponse:
-    """Send a directory (or file) as a tar stream."""
-    chunks = files.stream_tar(_query_path(request))
+    """Send a directory (or file) as a tar stream; ``changed=1``: only what changed since the executor started."""
+    state = request.app[STATE]
+    changed = request.query.get("changed") == "1"
+    chunks = files.stream_tar(
+        _query_path(request),
+        changed_since_ns=state.started_ns if changed else None,
+        excluded=(state.state_dir,),
+        # No caps unless asked (a snapshot asks): a download checks its own as it unpacks.
+        max_bytes=_query_int(request, "max_bytes", MAX_INT),
+        max_members=_query_int(request, "max_members", MAX_INT),
+    )
     first = await anext(chunks, b"")  # errors such as a missing path surface before the headers
 
     async def framed() -> AsyncIterator[bytes]:
@@ -733,5 +757,6 @@ def create_app(settings: Settings) -> web.Application:
     app.router.add_post(f"{v}/files/remove", file_remove)
     app.router.add_put(f"{v}/files/tar", tar_upload)
     app.router.add_get(f"{v}/files/tar", tar_download)
+    app.router.add_put(f"{v}/files/restore", tar_restore)
     ports.setup(app, app[STATE].stopped)
     return app

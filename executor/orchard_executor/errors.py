@@ -21,6 +21,7 @@ STATUS: dict[str, int] = {
     "session_not_found": 404,
     "unsupported": 501,
     "unsafe_archive": 400,
+    "too_large": 413,
     "port_closed": 502,
     "too_many_tunnels": 429,
     "stopping": 503,

@@ -183,26 +183,43 @@ async def extract_tar(
     *,
     max_bytes: int = tarstream.MAX_BYTES,
     max_members: int = tarstream.MAX_MEMBERS,
+    restore: bool = False,
 ) -> None:
     """Extract a plain tar stream into ``dest`` (created if missing), all or nothing.
 
     A stream breaking a transfer rule (see ``tarstream``) is an
-    ``unsafe_archive`` error and writes nothing.
+    ``unsafe_archive`` error and writes nothing. With ``restore``, a snapshot
+    restored in place (``tarstream._restore``), not all or nothing.
     """
     try:
-        await tarstream.extract(chunks, dest, max_bytes=max_bytes, max_members=max_members)
+        await tarstream.extract(chunks, dest, max_bytes=max_bytes, max_members=max_members, restore=restore)
     except tarstream.Refused as exc:
         raise ExecutorError("unsafe_archive", str(exc), dest) from exc
     except OSError as exc:
-        raise ExecutorError.from_os_error(exc, dest) from exc
+        # A restore writes in place: the path that failed (a read-only one, say) is the one to name.
+        raise ExecutorError.from_os_error(exc, None if restore and exc.filename else dest) from exc
 
 
-async def stream_tar(src: str) -> AsyncIterator[bytes]:
-    """Yield a tar archive of ``src`` (a directory's contents, or one file)."""
+async def stream_tar(
+    src: str,
+    *,
+    changed_since_ns: int | None = None,
+    excluded: tuple[str, ...] = (),
+    max_bytes: int = tarstream.MAX_BYTES,
+    max_members: int = tarstream.MAX_MEMBERS,
+) -> AsyncIterator[bytes]:
+    """Yield a tar archive of ``src`` (a directory's contents, or one file); see ``tarstream.archive``.
+
+    Past ``max_bytes`` or ``max_members``: a ``too_large`` error naming the member.
+    """
     try:
-        async for chunk in tarstream.archive(src):
+        async for chunk in tarstream.archive(
+            src, changed_since_ns=changed_since_ns, excluded=excluded, max_bytes=max_bytes, max_members=max_members
+        ):
             yield chunk
     except tarstream.Refused as exc:
+        if exc.rule in ("bytes", "members"):
+            raise ExecutorError("too_large", str(exc), os.path.join(src, exc.member or "")) from exc
         raise ExecutorError("unsafe_archive", str(exc), src) from exc
     except OSError as exc:
         raise ExecutorError.from_os_error(exc, src) from exc

@@ -29,7 +29,9 @@ Endpoints, all under ``/v1`` except ``/healthz``::
     POST   /v1/files/mkdir                   MkdirRequest -> FileStat
     POST   /v1/files/remove                  RemoveRequest -> Empty
     PUT    /v1/files/tar?path=&max_bytes=&max_members=  plain tar body -> FileStat (all or nothing)
-    GET    /v1/files/tar?path=               -> frames of ByteFrame (a plain tar)
+    GET    /v1/files/tar?path=&changed=&max_bytes=&max_members=  -> frames of ByteFrame (a plain tar;
+                                             changed=1: only what changed since the start, on path's file system)
+    PUT    /v1/files/restore?path=&max_bytes=&max_members=  a snapshot's tar -> FileStat (in place)
     GET    /v1/ports/{port}/connect          websocket upgrade -> a tunnel to 127.0.0.1:port (see ports.py)
     GET    /v1/ports/{port}/listen           websocket upgrade -> 127.0.0.1:port (0: a free one) listens while it lasts
     GET    /v1/ports/{port}/accept/{id}      websocket upgrade -> a tunnel for connection id to that port (ports.py)
@@ -115,6 +117,7 @@ ErrorCode = Literal[
     "session_not_found",
     "unsupported",
     "unsafe_archive",
+    "too_large",
     "port_closed",
     "too_many_tunnels",
     "stopping",

@@ -167,7 +167,7 @@ def _relative(member: str, name: str, rule: str, what: str) -> str:
 
 
 def _inside(root: str, path: str) -> bool:
-    return path == root or path.startswith(root + os.sep)
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
 
 
 class _Unpacker:
@@ -404,6 +404,123 @@ def _unpack(reader: _QueueReader, dest: str, max_bytes: int, max_members: int) -
         raise
 
 
+def _restore(reader: _QueueReader, dest: str, max_bytes: int, max_members: int) -> None:
+    """Write a snapshot's members in place under ``dest``, as they come.
+
+    A snapshot is restored where it was taken, into a sandbox as trusted as the
+    one that made it, so unlike an upload it keeps absolute symlinks (a
+    virtualenv's ``bin/python``) and, run as root, the owners. It still only
+    writes under ``dest``: names are relative without '..', no member is
+    written through a symlink that leaves ``dest``, a hardlink names a file of
+    the stream, and the caps and the member types are those of an upload. Not
+    all or nothing: a sandbox whose restore failed is to be discarded.
+    """
+    buffered = io.BufferedReader(reader, CHUNK)
+    if buffered.peek(8).startswith(_COMPRESSED):
+        raise Refused("compressed", None, "is compressed; only a plain (uncompressed) tar is accepted")
+    os.makedirs(dest, exist_ok=True)
+    writer = _Restorer(os.path.realpath(dest), max_bytes, max_members)
+    try:
+        with tarfile.open(fileobj=buffered, mode="r|", tarinfo=_TarInfo) as tar:
+            while (member := tar.next()) is not None:
+                writer.add(tar, member)
+                tar.members.clear()  # type: ignore[attr-defined]
+    except (Refused, OSError, _Broken):
+        raise
+    except (tarfile.TarError, RecursionError, ValueError, EOFError) as exc:
+        raise Refused("malformed", None, f"is not a readable tar: {exc}") from exc
+    if not reader.finish():
+        raise _Broken("the tar stream broke off")
+    writer.finish()
+
+
+class _Restorer:
+    """Writes a snapshot's members in place; directory modes are set last, deepest first."""
+
+    def __init__(self, root: str, max_bytes: int, max_members: int) -> None:
+        self.root = root
+        self.max_bytes = max_bytes
+        self.max_members = max_members
+        self.count = 0
+        self.total = 0
+        self.files: set[str] = set()
+        self.dirs: list[tuple[str, tarfile.TarInfo]] = []
+        self.owner = os.geteuid() == 0
+
+    def add(self, tar: tarfile.TarFile, member: tarfile.TarInfo) -> None:
+        self.count += 1
+        if self.count > self.max_members:
+            raise Refused("members", member.name, f"is past the limit of {self.max_members} members (max_members)")
+        name = _relative(member.name, member.name, "path", "name")
+        if not name:
+            return  # the destination itself
+        path = os.path.join(self.root, name)
+        parent = os.path.realpath(os.path.dirname(path))
+        if not _inside(self.root, parent):
+            raise Refused("link", member.name, "would be written through a symlink that leaves the destination")
+        if member.isdir():
+            if not os.path.isdir(path):
+                self._clear(path)
+                os.makedirs(path, 0o700, exist_ok=True)
+            self.dirs.append((path, member))
+            return
+        os.makedirs(parent, exist_ok=True)
+        if member.issym():
+            if not member.linkname or "\0" in member.linkname:
+                raise Refused("link", member.name, f"is a symlink to {member.linkname!r}")
+            self._clear(path)
+            os.symlink(member.linkname, path)
+        elif member.islnk():
+            target = _relative(member.name, member.linkname, "link", "hardlink target")
+            if target not in self.files or target == name:
+                raise Refused("link", member.name, f"is a hardlink to {member.linkname!r}, not a file of this stream")
+            self._clear(path)
+            os.link(os.path.join(self.root, target), path, follow_symlinks=False)
+            self.files.add(name)
+            return
+        elif member.type in _FILE_TYPES and member.sparse is None:
+            self.total += member.size
+            if self.total > self.max_bytes:
+                raise Refused(
+                    "bytes", member.name, f"takes the stream past the limit of {self.max_bytes} bytes (max_bytes)"
+                )
+            self._clear(path)
+            source = tar.extractfile(member)
+            assert source is not None  # a regular member always has a file object
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            with os.fdopen(fd, "wb") as out:
+                shutil.copyfileobj(source, out, CHUNK)
+            self.files.add(name)
+        else:
+            kind = _KINDS.get(member.type, f"of type {member.type!r}")
+            raise Refused("type", member.name, f"is {kind}; only files, directories and links are accepted")
+        self._attrs(path, member)
+
+    def _clear(self, path: str) -> None:
+        """Remove what stands at ``path`` (not a directory with contents) so a member can take its place."""
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            return
+        if stat.S_ISDIR(st.st_mode):
+            os.rmdir(path)
+        else:
+            os.unlink(path)
+
+    def _attrs(self, path: str, member: tarfile.TarInfo) -> None:
+        if self.owner:
+            os.chown(path, member.uid, member.gid, follow_symlinks=False)
+        if member.issym():
+            return
+        os.chmod(path, stat.S_IMODE(member.mode) & ~(stat.S_ISUID | stat.S_ISGID))
+        with contextlib.suppress(OverflowError, ValueError, OSError):
+            os.utime(path, (member.mtime, member.mtime), follow_symlinks=False)
+
+    def finish(self) -> None:
+        for path, member in reversed(self.dirs):
+            self._attrs(path, member)
+
+
 async def _close(chunks: AsyncIterable[bytes]) -> None:
     aclose: Any = getattr(chunks, "aclose", None)
     if aclose is not None:
@@ -411,7 +528,12 @@ async def _close(chunks: AsyncIterable[bytes]) -> None:
 
 
 async def extract(
-    chunks: AsyncIterable[bytes], dest: str, *, max_bytes: int = MAX_BYTES, max_members: int = MAX_MEMBERS
+    chunks: AsyncIterable[bytes],
+    dest: str,
+    *,
+    max_bytes: int = MAX_BYTES,
+    max_members: int = MAX_MEMBERS,
+    restore: bool = False,
 ) -> None:
     """Extract a plain tar stream into ``dest`` as it arrives, all or nothing.
 
@@ -419,10 +541,14 @@ async def extract(
     of the stream replaces one of the same name. Nothing changes in ``dest``
     unless the whole stream was read and accepted.
 
+    With ``restore``, the stream is a snapshot restored in place instead
+    (``_restore``): not staged, absolute symlinks and owners kept.
+
     Raises:
         Refused: The stream broke a rule (see the module docstring) or a cap.
         OSError: The destination could not be written.
     """
+    unpack = _restore if restore else _unpack
     reader = _QueueReader()
     errors: list[BaseException] = []
     loop = asyncio.get_running_loop()
@@ -432,7 +558,7 @@ async def extract(
 
     def work() -> None:
         try:
-            _unpack(reader, dest, max_bytes, max_members)
+            unpack(reader, dest, max_bytes, max_members)
         except BaseException as exc:
             errors.append(exc)
         reader.finish()
@@ -502,9 +628,16 @@ def _info(arcname: str, st: os.stat_result) -> tarfile.TarInfo:
 class _Archiver:
     """Adds a tree to a tar by directory file descriptors, so no path is followed through a swapped link."""
 
-    def __init__(self, tar: tarfile.TarFile, stop: threading.Event) -> None:
+    def __init__(
+        self, tar: tarfile.TarFile, stop: threading.Event, changes: _Changes | None, max_bytes: int, max_members: int
+    ) -> None:
         self.tar = tar
         self.stop = stop
+        self.changes = changes
+        self.max_bytes = max_bytes
+        self.max_members = max_members
+        self.total = 0
+        self.count = 0
         self.hardlinks: dict[tuple[int, int], str] = {}
 
     def add(self, dir_fd: int | None, name: str, arcname: str) -> None:
@@ -513,12 +646,27 @@ class _Archiver:
         st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
         info = _info(arcname, st)
         mode = st.st_mode
+        if self.changes is not None:
+            if not self.changes.wanted(st):
+                return
+            if stat.S_ISDIR(mode) and not self.changes.changed(st):
+                # An unchanged directory is walked for changes below it, but not sent itself.
+                self._walk(name, dir_fd, arcname)
+                return
+        self.count += 1
+        if self.count > self.max_members:
+            raise Refused("members", arcname, f"is past the limit of {self.max_members} members (max_members)")
         if stat.S_ISREG(mode):
             key = (st.st_dev, st.st_ino)
             if st.st_nlink > 1 and key in self.hardlinks:
                 info.type, info.linkname = tarfile.LNKTYPE, self.hardlinks[key]
                 self.tar.addfile(info)
                 return
+            self.total += st.st_size
+            if self.total > self.max_bytes:
+                raise Refused(
+                    "bytes", arcname, f"takes the archive past the limit of {self.max_bytes} bytes (max_bytes)"
+                )
             self.hardlinks[key] = arcname
             with os.fdopen(open_regular(name, dir_fd, st), "rb") as f:
                 info.size = st.st_size
@@ -526,11 +674,7 @@ class _Archiver:
         elif stat.S_ISDIR(mode):
             info.type = tarfile.DIRTYPE
             self.tar.addfile(info)
-            fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
-            try:
-                self.children(fd, arcname + "/")
-            finally:
-                os.close(fd)
+            self._walk(name, dir_fd, arcname)
         elif stat.S_ISLNK(mode):
             info.type, info.linkname = tarfile.SYMTYPE, os.readlink(name, dir_fd=dir_fd)
             self.tar.addfile(info)
@@ -543,21 +687,69 @@ class _Archiver:
             self.tar.addfile(info)
         # Sockets are skipped, as tar does.
 
+    def _walk(self, name: str, dir_fd: int | None, arcname: str) -> None:
+        fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+        try:
+            self.children(fd, arcname + "/")
+        finally:
+            os.close(fd)
+
     def children(self, dir_fd: int, prefix: str) -> None:
         for name in sorted(os.listdir(dir_fd)):
             self.add(dir_fd, name, prefix + name)
 
 
-async def archive(src: str) -> AsyncIterator[bytes]:
+class _Changes:
+    """Which entries a changes-only archive takes: changed (ctime) since ``since_ns``, on one file system.
+
+    The ctime, unlike the mtime, cannot be set back by the sandbox's code: a
+    file written, chmodded or renamed after ``since_ns`` is one. Directories
+    of other file systems (``/proc``, volumes, the executor's own mounts) and
+    the ``excluded`` paths are not entered.
+    """
+
+    def __init__(self, since_ns: int, device: int, excluded: tuple[str, ...]) -> None:
+        self.since_ns = since_ns
+        self.device = device
+        self.excluded = {(st.st_dev, st.st_ino) for st in map(_lstat, excluded) if st is not None}
+
+    def changed(self, st: os.stat_result) -> bool:
+        return st.st_ctime_ns >= self.since_ns
+
+    def wanted(self, st: os.stat_result) -> bool:
+        if st.st_dev != self.device or (st.st_dev, st.st_ino) in self.excluded:
+            return False
+        return stat.S_ISDIR(st.st_mode) or self.changed(st)
+
+
+def _lstat(path: str) -> os.stat_result | None:
+    try:
+        return os.lstat(path)
+    except OSError:
+        return None
+
+
+async def archive(
+    src: str,
+    *,
+    changed_since_ns: int | None = None,
+    excluded: tuple[str, ...] = (),
+    max_bytes: int = MAX_BYTES,
+    max_members: int = MAX_MEMBERS,
+) -> AsyncIterator[bytes]:
     """Yield a tar archive of ``src`` as it is made.
 
     A directory is archived by its contents (names relative to it); anything
     else as one member under its own name. Files are opened without
     following symlinks or blocking on FIFOs; FIFOs and devices go in as
-    headers, for the extracting side to refuse. Raises the OSError (or
-    ``Refused``, for a file swapped meanwhile) that stopped it.
+    headers, for the extracting side to refuse. With ``changed_since_ns``,
+    only what changed since then on ``src``'s file system (see ``_Changes``).
+    Raises the OSError (or ``Refused``, for a file swapped meanwhile or files
+    of more than ``max_bytes`` in all, or more than ``max_members``) that
+    stopped it.
     """
     top = os.lstat(src)
+    changes = None if changed_since_ns is None else _Changes(changed_since_ns, top.st_dev, excluded)
     loop = asyncio.get_running_loop()
     out: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize=_DEPTH)
     errors: list[BaseException] = []
@@ -569,7 +761,7 @@ async def archive(src: str) -> AsyncIterator[bytes]:
                 io.BufferedWriter(_QueueWriter(loop, out), CHUNK) as buffered,  # type: ignore[type-var]
                 tarfile.open(fileobj=buffered, mode="w|") as tar,
             ):
-                archiver = _Archiver(tar, stop)
+                archiver = _Archiver(tar, stop, changes, max_bytes, max_members)
                 if stat.S_ISDIR(top.st_mode):
                     fd = os.open(src, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
                     try:

@@ -27,6 +27,7 @@ from ._backends import DockerConfig, KubernetesConfig, LocalConfig
 from ._client import Client, sandbox
 from ._handle import Handle
 from ._sandbox import Process, Sandbox, Shell
+from ._snapshot import Snapshot
 from ._spec import SandboxSpec
 from .errors import OrchardError
 
@@ -59,6 +60,7 @@ __all__ = [
     "Sandbox",
     "SandboxSpec",
     "Shell",
+    "Snapshot",
     "errors",
     "sandbox",
 ]

@@ -24,6 +24,7 @@ from ._spec import SandboxSpec, make_spec
 from .errors import ConfigError, InvalidHandle, OrchardError, SandboxClosed, SandboxTimeout
 
 if TYPE_CHECKING:
+    from ._snapshot import Snapshot
     from .gateway import ModelGateway
     from .gateway._wiring import Wiring
 
@@ -130,7 +131,13 @@ class Client:
         await _warm.wait_full(self._pools, timeout)
 
     async def create(
-        self, image: str = "local", *, trace: _trace.Trace | None = None, model: ModelGateway | None = None, **spec: Any
+        self,
+        image: str = "local",
+        *,
+        trace: _trace.Trace | None = None,
+        model: ModelGateway | None = None,
+        restore: Snapshot | None = None,
+        **spec: Any,
     ) -> Sandbox:
         """Start a sandbox and return it once ready; ``await sb.aclose()`` ends it.
 
@@ -150,6 +157,11 @@ class Client:
         answers inside it at ``http://127.0.0.1:4319`` through a reverse tunnel
         over the executor's connection (no egress is opened), until it closes;
         then its key is revoked. ``spec``'s own ``env`` wins over those variables.
+
+        ``restore`` (a ``Sandbox.snapshot()``) starts the sandbox from it: its
+        files are written in before this returns (a warm sandbox may be the one
+        they go into); if they cannot be, the sandbox is deleted and the typed
+        error naming the path is raised.
         """
         sandbox_id = f"sb-{self.session_id}-{secrets.token_hex(4)}"
         wiring = None
@@ -159,7 +171,7 @@ class Client:
             wiring = Wiring(model, sandbox_id)
             spec = {**spec, "env": {**wiring.env, **(spec.get("env") or {})}}
         if trace is None:
-            return await self._create(image, spec, sandbox_id, wiring)
+            return await self._create(image, spec, sandbox_id, wiring, restore)
         try:
             recorder = _trace.Recorder.open(trace)  # fails before any sandbox starts
         except BaseException:
@@ -167,15 +179,27 @@ class Client:
                 wiring.forget()
             raise
         fields = _trace.describe_create(image, str(type(self.config).__struct_config__.tag), spec)
-        return await recorder.record_create(self._create(image, spec, sandbox_id, wiring), fields)
+        return await recorder.record_create(self._create(image, spec, sandbox_id, wiring, restore), fields)
 
-    async def _create(self, image: str, spec: dict[str, Any], sandbox_id: str, wiring: Wiring | None) -> Sandbox:
+    async def _create(
+        self, image: str, spec: dict[str, Any], sandbox_id: str, wiring: Wiring | None, restore: Snapshot | None
+    ) -> Sandbox:
         try:
             sb = await self._start(image, spec, sandbox_id)
         except BaseException:
             if wiring is not None:
                 wiring.forget()
             raise
+        if restore is not None:
+            t0 = time.monotonic()
+            try:
+                await sb.restore(restore)
+            except BaseException:
+                if wiring is not None:
+                    wiring.forget()
+                await asyncio.shield(sb.aclose())
+                raise
+            sb.timings["restore"] = time.monotonic() - t0
         if wiring is not None:
             try:
                 await wiring.connect(sb)
@@ -262,6 +286,8 @@ class Client:
             timings=timings,
             close=close,
             handle=lambda: _handle.encode(fields),
+            # A local sandbox's root is the host's: its changes are looked for in its working directory.
+            changes_root=None if fields.backend == "local" else "/",
         )
         self._live[sandbox_id] = sb
         return sb

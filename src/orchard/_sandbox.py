@@ -38,17 +38,21 @@ from orchard_executor.protocol import (
     WaitRequest,
 )
 
+from . import _snapshot
 from . import _trace as trace
 from ._handle import Handle
 from ._rpc import MAX_REPLY, REPLY_SLACK, ExecutorClient, with_stdin
+from ._snapshot import Snapshot
 from ._spec import SandboxSpec
-from .errors import OrchardError, PathNotFound, SandboxLost, UnsafeArchive
+from .errors import OrchardError, PathNotFound, SandboxLost, SnapshotTooLarge, UnsafeArchive
 
 Command = str | Sequence[str]
 Data = bytes | str | AsyncIterable[bytes]
 #: A command's stdin: bytes or text, chunks from an async iterable, or a local file's path.
 Stdin = bytes | str | AsyncIterable[bytes] | os.PathLike[str]
 _CHUNK = 256 * 1024
+#: Default cap on the file bytes of one snapshot (1 GiB).
+SNAPSHOT_MAX_BYTES = 1 << 30
 #: Largest stdin sent inside the request (which a retry can repeat); more is streamed as the body.
 INLINE_STDIN = 1024 * 1024
 
@@ -240,6 +244,7 @@ class Sandbox:
         timings: dict[str, float],
         close: Callable[[], Awaitable[None]],
         handle: Callable[[], Handle] | None = None,
+        changes_root: str | None = "/",
     ) -> None:
         self.id = sandbox_id
         self.spec = spec
@@ -249,6 +254,8 @@ class Sandbox:
         self._close = close
         self._closed = False
         self._handle = handle
+        #: Where ``snapshot()`` looks for changes: the root, or (None) the working directory.
+        self._changes_root = changes_root
         #: Run (last added first) when the sandbox closes, while its connection is still open.
         self._on_close: list[Callable[[], Awaitable[None]]] = []
 
@@ -685,6 +692,84 @@ class Sandbox:
         """Extract a plain tar stream into the sandbox directory ``path``, all or nothing (rules of ``upload``)."""
         params = {"path": path, "max_bytes": str(max_bytes), "max_members": str(max_members)}
         return await self._rpc.send("PUT", "/v1/files/tar", FileStat, tar, params=params, content_type=TAR)
+
+    @trace.traced("snapshot", trace.describe_snapshot)
+    async def snapshot(
+        self,
+        paths: Sequence[str] | None = None,
+        *,
+        file: str | os.PathLike[str] | None = None,
+        max_bytes: int = SNAPSHOT_MAX_BYTES,
+        max_members: int = tarstream.MAX_MEMBERS,
+    ) -> Snapshot:
+        """Capture what this sandbox's filesystem gained, to start others from (``restore=``).
+
+        With no ``paths``: every file, directory and symlink changed (by
+        ctime, which its code cannot set back) since the sandbox started, on
+        its root file system (the working directory on the local backend,
+        whose sandboxes share the host's). Deletions are not captured.
+        With ``paths`` (relative ones are under the working directory): those
+        files and trees, whole. Kept in memory, or streamed to ``file``.
+
+        Raises:
+            SnapshotTooLarge: Files of more than ``max_bytes`` (default 1 GiB)
+                in all, or more than ``max_members`` entries; ``path`` names
+                the one that took it over. Nothing is kept.
+        """
+        workdir = (await self.info()).cwd
+        if paths is None:
+            wanted = [(self._changes_root or workdir, True)]
+        else:
+            wanted = [(p if p.startswith("/") else os.path.join(workdir, p), False) for p in paths]
+        store = _snapshot.Store(file)
+        parts: list[_snapshot.Part] = []
+        try:
+            for path, changed in wanted:
+                st = await self.stat(path)
+                # A file is archived under its own name: its part goes in the directory holding it.
+                where = path if st.type == "directory" else os.path.dirname(path)
+                start = store.size
+                params = {
+                    "path": path,
+                    "changed": "1" if changed else "0",
+                    "max_bytes": str(max_bytes),
+                    "max_members": str(max_members),
+                }
+                async for chunk in self._rpc.receive("/v1/files/tar", params):
+                    await store.write(chunk)
+                    # The executor counts file bytes; this bounds what a lying one can send (headers and padding).
+                    if store.size > max_bytes + 1024 * max_members:
+                        raise SnapshotTooLarge(
+                            f"sandbox {self.id}: the snapshot passed its limit of {max_bytes} bytes (max_bytes)",
+                            code="too_large",
+                            sandbox_id=self.id,
+                        )
+                parts.append(_snapshot.Part(where, start, store.size))
+        except BaseException:
+            store.discard()
+            raise
+        return store.finish(parts, workdir)
+
+    @trace.traced("restore", trace.describe_restore)
+    async def restore(self, snapshot: Snapshot, *, max_members: int = tarstream.MAX_MEMBERS) -> None:
+        """Write a snapshot's files into this sandbox, in place (``client.sandbox(image, restore=)`` calls it).
+
+        Paths the snapshot took under its sandbox's working directory go
+        under this one's. Raises the typed error of the path that could not
+        be written (``PermissionDenied`` for a read-only one, ``NoSpace``);
+        what was written before stays, so a sandbox whose restore failed is
+        best discarded.
+        """
+        workdir = (await self.info()).cwd
+        for part in snapshot.parts:
+            params = {
+                "path": snapshot.where(part, workdir),
+                "max_bytes": str(snapshot.size),  # file bytes are fewer than the tar's
+                "max_members": str(max_members),
+            }
+            await self._rpc.send(
+                "PUT", "/v1/files/restore", FileStat, snapshot.chunks(part), params=params, content_type=TAR
+            )
 
 
 async def _file_chunks(path: str) -> AsyncIterator[bytes]:

@@ -641,6 +641,17 @@ def describe_download(_: object, path: str, local_path: Any, **options: Any) -> 
     return {"path": path, "local_path": os.fspath(local_path), **_scalars(options)}, None
 
 
+def describe_snapshot(_: object, paths: Any = None, **options: Any) -> tuple[Record, Done]:
+    """``Sandbox.snapshot``: the paths asked for (None: what changed); the tar's size and parts."""
+    fields = {"paths": None if paths is None else [str(p) for p in paths], **_scalars(options)}
+    return fields, lambda snap: {"bytes": snap.size, "parts": [part.path for part in snap.parts]}
+
+
+def describe_restore(_: object, snapshot: Any, **options: Any) -> tuple[Record, Done]:
+    """``Sandbox.restore``: the snapshot's size and parts."""
+    return {"bytes": snapshot.size, "parts": [part.path for part in snapshot.parts], **_scalars(options)}, None
+
+
 def describe_upload_tar(_: object, path: str, tar: Any, **options: Any) -> tuple[Record, Done]:
     """``Sandbox.upload_tar``: the stream's size and sha256, hashed as it goes."""
     fields, done = describe_write_file(_, path, tar, **options)

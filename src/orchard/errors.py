@@ -198,6 +198,10 @@ class UnsafeUpload(InvalidRequest, UnsafeArchive):
     """The executor refused an uploaded tar stream under the same rules; nothing was written in the sandbox."""
 
 
+class SnapshotTooLarge(ExecutorError, ValueError):
+    """A snapshot would pass its ``max_bytes``; ``path`` names the file that took it over, when known."""
+
+
 EXECUTOR_ERRORS: dict[str, type[ExecutorError]] = {
     "unauthorized": AuthError,
     "bad_request": InvalidRequest,
@@ -213,6 +217,7 @@ EXECUTOR_ERRORS: dict[str, type[ExecutorError]] = {
     "session_not_found": SessionNotFound,
     "unsupported": Unsupported,
     "unsafe_archive": UnsafeUpload,
+    "too_large": SnapshotTooLarge,
     "port_closed": PortClosed,
     # Too many forwarded connections open at once in one sandbox.
     "too_many_tunnels": ExecutorError,

@@ -451,6 +451,8 @@ class Sandbox(_Proxy[_sandbox.Sandbox]):
     download = _blocking(_sandbox.Sandbox.download)
     download_tar = _iterating(_sandbox.Sandbox.download_tar)
     upload_tar = _blocking(_sandbox.Sandbox.upload_tar)
+    snapshot = _blocking(_sandbox.Sandbox.snapshot)
+    restore = _blocking(_sandbox.Sandbox.restore)
     # The tunnel is served by the loop thread, so the caller's thread is free to use the URL.
     forward = _managing(_sandbox.Sandbox.forward, _url)
     reverse_forward = _managing(_sandbox.Sandbox.reverse_forward, lambda port, loop: int(port))
