@@ -8,7 +8,9 @@ cold, then as many claimed from ``Client(warm={image: size})`` with the pool
 full before each claim; then a burst of ``--burst`` at once (a GRPO group),
 cold, then claimed from a full pool of that size. Each figure is the time
 from ``client.create`` to the answer of ``exec("true")``. Cold and warm runs
-alternate per sample, so the machine's load hits both alike. Timings are
+alternate per sample, so the machine's load hits both alike. The cold starts'
+phases (``sb.timings``: when each startup step ended, from the create call)
+are kept as medians, to show where a cold start's time goes. Timings are
 printed, never asserted.
 """
 
@@ -18,6 +20,7 @@ import argparse
 import asyncio
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -42,11 +45,22 @@ def config(backend: str, root: str) -> Any:
     return orchard.KubernetesConfig(namespace="orchard-bench-warm", kubeconfig=KUBECONFIG)
 
 
-async def first_command(client: orchard.Client, image: str) -> tuple[float, bool]:
+async def first_command(
+    client: orchard.Client, image: str, phases: list[dict[str, float]] | None = None
+) -> tuple[float, bool]:
     t0 = time.perf_counter()
     async with client.sandbox(image) as sb:
         await sb.exec("true")
-        return time.perf_counter() - t0, "claim" in sb.timings
+        seconds = time.perf_counter() - t0
+        if phases is not None:
+            phases.append({**sb.timings, "first_command": seconds})
+        return seconds, "claim" in sb.timings
+
+
+def phase_medians(phases: list[dict[str, float]]) -> dict[str, float]:
+    """Median ms of each startup phase's end, from the create call (``sb.timings``), in the order they end."""
+    names = sorted({k for p in phases for k in p}, key=lambda k: statistics.median(p.get(k, 0) for p in phases))
+    return {k: statistics.median(p[k] for p in phases if k in p) * 1000 for k in names}
 
 
 def stats(values: list[float]) -> dict[str, float]:
@@ -60,9 +74,9 @@ async def backend_figures(backend: str, runs: int, burst: int) -> dict[str, Any]
         warm_client = orchard.Client(config(backend, root), warm={image: max(1, burst)})
         async with cold_client, warm_client:
             await warm_client.wait_warm(timeout=600)
-            cold, warm, missed = [], [], 0
+            cold, warm, missed, phases = [], [], 0, []
             for _ in range(runs):
-                cold.append((await first_command(cold_client, image))[0])
+                cold.append((await first_command(cold_client, image, phases))[0])
                 await warm_client.wait_warm(timeout=600)
                 seconds, claimed = await first_command(warm_client, image)
                 warm.append(seconds)
@@ -79,6 +93,7 @@ async def backend_figures(backend: str, runs: int, burst: int) -> dict[str, Any]
         "backend": backend,
         "image": image,
         "cold": stats(cold),
+        "cold_phases_ms": phase_medians(phases),
         "warm": stats(warm),
         "burst": burst,
         "cold_burst_s": cold_burst,
@@ -94,6 +109,11 @@ def show(r: dict[str, Any]) -> None:
         f"warm {w['p50_ms']:.1f}/{w['p99_ms']:.1f} ({c['p50_ms'] / w['p50_ms']:.0f}x); "
         f"{r['burst']} at once: cold {r['cold_burst_s']:.2f} s, warm {r['warm_burst_s']:.2f} s"
         + (f"; {r['claims_missed']} claims fell back to cold" if r["claims_missed"] else "")
+    )
+    print(
+        " " * 12
+        + "cold phases, median ms from create: "
+        + ", ".join(f"{k} {v:.0f}" for k, v in r["cold_phases_ms"].items())
     )
 
 

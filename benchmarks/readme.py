@@ -223,6 +223,37 @@ def warm(r: dict[str, Any]) -> str:
     missed = sum(x["claims_missed"] for x in r["runs"])
     if missed:
         rows += ["", f"{missed} claims found the pool empty and started cold."]
+    phased = [x for x in r["runs"] if x.get("cold_phases_ms")]
+    if phased:
+        rows += [
+            "",
+            "Where a cold start's time goes: when each step (`sb.timings`) ended, median ms from the create call:",
+            "",
+        ]
+        rows += [
+            f"- {x['backend']}: " + ", ".join(f"{k} {v:.0f}" for k, v in x["cold_phases_ms"].items()) for x in phased
+        ]
+    return "\n".join(rows)
+
+
+def fork(r: dict[str, Any]) -> str:
+    x0 = r["runs"][0]
+    rows = [
+        _measured_by("fork", r["machine"]) + "from `client.create` until the venv's Python imports "
+        f"{', '.join(x0['packages'])}: a cold sandbox that does the setup (venv, pip install from uploaded wheels), "
+        "one started cold with `restore=` the snapshot of a base that did it, and one claimed from a warm pool "
+        "with `restore=` (alternating). local runs under bubblewrap.",
+        "",
+        "| backend | setup in the base s | snapshot MiB / s | cold + setup p50 s | cold + restore p50 s "
+        "| warm + restore p50 s | setup / warm restore |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for x in r["runs"]:
+        s, c, w = x["cold_setup"]["p50_s"], x["cold_restore"]["p50_s"], x["warm_restore"]["p50_s"]
+        rows.append(
+            f"| {x['backend']} | {x['base_setup_s']:.2f} | {x['snapshot_mib']:.1f} / {x['snapshot_s']:.2f} | "
+            f"{s:.2f} | {c:.2f} | {w:.2f} | {s / w:.1f}x |"
+        )
     return "\n".join(rows)
 
 
@@ -248,6 +279,7 @@ TABLES: dict[str, Callable[[dict[str, Any]], str]] = {
     "healthz-poll": healthz_poll,
     "rollout": rollout,
     "warm": warm,
+    "fork": fork,
     "suite": suite,
 }
 

@@ -20,6 +20,7 @@ Parts, each also a script of its own (see its docstring):
 - ``rollout``   bench_rollout.py: orchard.rollout's attempts per second and utilisation at concurrency 8, 32
                 and 128 on docker and kubernetes, and what adaptive=True saves
 - ``warm``      bench_warm.py: warm pool claims against cold starts on local, docker and kubernetes
+- ``fork``      bench_fork.py: starting from a snapshot against redoing the setup (a venv with packages)
 
 Results go to benchmarks/results/NAME.json, plots to benchmarks/results/*.png.
 """
@@ -51,6 +52,7 @@ PARTS = (
     "forward",
     "rollout",
     "warm",
+    "fork",
 )
 IMAGE = "orchard-test/swe:latest"  # Debian with python3: the protocol's first command needs it
 
@@ -140,9 +142,9 @@ def main() -> None:
             python(f"benchmarks/bench_{part}.py", json_out, *(["--iterations=200"] if args.quick else []))
         elif part == "forward":
             forward(args.kubeconfig, args.quick)
-        elif part in ("rollout", "warm"):
-            os.environ["KUBECONFIG"] = args.kubeconfig  # both read it
-            quick = {"rollout": ["--quick"], "warm": ["--runs=5", "--burst=4"]}[part]
+        elif part in ("rollout", "warm", "fork"):
+            os.environ["KUBECONFIG"] = args.kubeconfig  # each reads it
+            quick = {"rollout": ["--quick"], "warm": ["--runs=5", "--burst=4"], "fork": ["--runs=2"]}[part]
             python(f"benchmarks/bench_{part}.py", json_out, *(quick if args.quick else []))
         timings[part] = time.monotonic() - t0
         print(f"== {part}: {timings[part]:.0f} s", flush=True)
