@@ -659,25 +659,22 @@ async def file_remove(request: web.Request) -> web.Response:
 
 async def tar_upload(request: web.Request) -> web.Response:
     """Extract a tar stream into a directory."""
-    path = _query_path(request)
-    await files.extract_tar(
-        path,
-        _body_chunks(request),
-        max_bytes=_query_int(request, "max_bytes", tarstream.MAX_BYTES),
-        max_members=_query_int(request, "max_members", tarstream.MAX_MEMBERS),
-    )
-    return _reply(request, files.file_stat(path))
+    return await _extract(request, restore=False)
 
 
 async def tar_restore(request: web.Request) -> web.Response:
     """Restore a snapshot's tar stream in place under a directory (``tarstream._restore``)."""
+    return await _extract(request, restore=True)
+
+
+async def _extract(request: web.Request, *, restore: bool) -> web.Response:
     path = _query_path(request)
     await files.extract_tar(
         path,
         _body_chunks(request),
         max_bytes=_query_int(request, "max_bytes", tarstream.MAX_BYTES),
         max_members=_query_int(request, "max_members", tarstream.MAX_MEMBERS),
-        restore=True,
+        restore=restore,
     )
     return _reply(request, files.file_stat(path))
 

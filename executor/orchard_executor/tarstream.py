@@ -29,7 +29,7 @@ import stat
 import tarfile
 import tempfile
 import threading
-from collections.abc import AsyncIterable, AsyncIterator
+from collections.abc import AsyncIterable, AsyncIterator, Callable
 from typing import Any, Self
 
 CHUNK = 256 * 1024
@@ -377,26 +377,31 @@ def _merge(src: str, dst: str, rel: str, merged: set[str]) -> None:
             os.replace(s, d)
 
 
-def _unpack(reader: _QueueReader, dest: str, max_bytes: int, max_members: int) -> None:
-    """Read the whole stream into staging, then commit it; any failure undoes everything."""
+def _read_members(reader: _QueueReader, add: Callable[[tarfile.TarFile, tarfile.TarInfo], None]) -> None:
+    """Pass each member of a plain tar stream to ``add``; Refused if compressed or malformed, _Broken if cut."""
     buffered = io.BufferedReader(reader, CHUNK)
     if buffered.peek(8).startswith(_COMPRESSED):
         raise Refused("compressed", None, "is compressed; only a plain (uncompressed) tar is accepted")
+    try:
+        with tarfile.open(fileobj=buffered, mode="r|", tarinfo=_TarInfo) as tar:
+            while (member := tar.next()) is not None:
+                add(tar, member)
+                # tarfile keeps every header for random access, which a stream never needs.
+                tar.members.clear()  # type: ignore[attr-defined]
+    except (Refused, OSError, _Broken):
+        raise
+    except (tarfile.TarError, RecursionError, ValueError, EOFError) as exc:
+        raise Refused("malformed", None, f"is not a readable tar: {exc}") from exc
+    if not reader.finish():
+        raise _Broken("the tar stream broke off")
+
+
+def _unpack(reader: _QueueReader, dest: str, max_bytes: int, max_members: int) -> None:
+    """Read the whole stream into staging, then commit it; any failure undoes everything."""
     place = _Destination(dest)
     try:
         unpacker = _Unpacker(place.staging, max_bytes, max_members)
-        try:
-            with tarfile.open(fileobj=buffered, mode="r|", tarinfo=_TarInfo) as tar:
-                while (member := tar.next()) is not None:
-                    unpacker.add(tar, member)
-                    # tarfile keeps every header for random access, which a stream never needs.
-                    tar.members.clear()  # type: ignore[attr-defined]
-        except (Refused, OSError, _Broken):
-            raise
-        except (tarfile.TarError, RecursionError, ValueError, EOFError) as exc:
-            raise Refused("malformed", None, f"is not a readable tar: {exc}") from exc
-        if not reader.finish():
-            raise _Broken("the tar stream broke off")
+        _read_members(reader, unpacker.add)
         unpacker.link()
         place.commit(unpacked=unpacker)
     except BaseException:
@@ -415,22 +420,9 @@ def _restore(reader: _QueueReader, dest: str, max_bytes: int, max_members: int) 
     the stream, and the caps and the member types are those of an upload. Not
     all or nothing: a sandbox whose restore failed is to be discarded.
     """
-    buffered = io.BufferedReader(reader, CHUNK)
-    if buffered.peek(8).startswith(_COMPRESSED):
-        raise Refused("compressed", None, "is compressed; only a plain (uncompressed) tar is accepted")
     os.makedirs(dest, exist_ok=True)
     writer = _Restorer(os.path.realpath(dest), max_bytes, max_members)
-    try:
-        with tarfile.open(fileobj=buffered, mode="r|", tarinfo=_TarInfo) as tar:
-            while (member := tar.next()) is not None:
-                writer.add(tar, member)
-                tar.members.clear()  # type: ignore[attr-defined]
-    except (Refused, OSError, _Broken):
-        raise
-    except (tarfile.TarError, RecursionError, ValueError, EOFError) as exc:
-        raise Refused("malformed", None, f"is not a readable tar: {exc}") from exc
-    if not reader.finish():
-        raise _Broken("the tar stream broke off")
+    _read_members(reader, writer.add)
     writer.finish()
 
 
