@@ -29,7 +29,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from _stats import pct
+from _stats import pct, per_backend
 
 import orchard
 from orchard.errors import UnisolatedWarning
@@ -142,25 +142,9 @@ def show(r: dict[str, Any]) -> None:
 async def main(args: argparse.Namespace) -> dict[str, Any]:
     warnings.simplefilter("ignore", UnisolatedWarning)
     wheels = fetch_wheels()
-    load_before = os.getloadavg()
-    out = []
-    for backend in args.backend:
-        if backend == "kubernetes":
-            from bench_rollout import ensure_namespace  # this script's directory is on sys.path
-
-            await ensure_namespace("orchard-bench-fork")
-        r = await backend_figures(backend, args.runs, wheels)
-        show(r)
-        out.append(r)
-    return {
-        "runs": out,
-        "machine": {
-            "cpus": os.cpu_count(),
-            "python": sys.version.split()[0],
-            "load_before": load_before,
-            "load_after": os.getloadavg(),
-        },
-    }
+    return await per_backend(
+        args.backend, "orchard-bench-fork", lambda backend: backend_figures(backend, args.runs, wheels), show
+    )
 
 
 if __name__ == "__main__":
