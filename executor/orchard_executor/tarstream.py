@@ -636,15 +636,16 @@ class _Archiver:
         if self.stop.is_set():
             return
         st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-        info = _info(arcname, st)
         mode = st.st_mode
         if self.changes is not None:
+            # Checked before any header is made: a changes-only walk passes over every file of the image.
             if not self.changes.wanted(st):
                 return
             if stat.S_ISDIR(mode) and not self.changes.changed(st):
                 # An unchanged directory is walked for changes below it, but not sent itself.
                 self._walk(name, dir_fd, arcname)
                 return
+        info = _info(arcname, st)
         self.count += 1
         if self.count > self.max_members:
             raise Refused("members", arcname, f"is past the limit of {self.max_members} members (max_members)")

@@ -248,7 +248,7 @@ class Client:
             fingerprint=tls.fingerprint if tls is not None else None,
             **instance.describe(),
         )
-        return self._adopt(instance, self._rpc(instance, fields, http), fields, sandbox_spec, timings)
+        return self._adopt(backend, instance, self._rpc(instance, fields, http), fields, sandbox_spec, timings)
 
     def _rpc(self, instance: Instance, fields: _handle.HandleFields, http: aiohttp.ClientSession) -> ExecutorClient:
         """The client of a sandbox's executor, as its handle's fields say to reach it."""
@@ -266,6 +266,7 @@ class Client:
 
     def _adopt(
         self,
+        backend: Backend,
         instance: Instance,
         rpc: ExecutorClient,
         fields: _handle.HandleFields,
@@ -286,8 +287,7 @@ class Client:
             timings=timings,
             close=close,
             handle=lambda: _handle.encode(fields),
-            # A local sandbox's root is the host's: its changes are looked for in its working directory.
-            changes_root=None if fields.backend == "local" else "/",
+            changes_root=backend.changes_root,
         )
         self._live[sandbox_id] = sb
         return sb
@@ -359,7 +359,7 @@ class Client:
         if self._closed:
             await instance.delete()
             raise SandboxClosed("this Client was closed while the sandbox was being attached", sandbox_id=sandbox_id)
-        return self._adopt(instance, rpc, fields, make_spec(fields.image or "local", {}), {})
+        return self._adopt(backend, instance, rpc, fields, make_spec(fields.image or "local", {}), {})
 
     @contextlib.asynccontextmanager
     async def sandbox(self, image: str = "local", **spec: Any) -> AsyncIterator[Sandbox]:

@@ -48,6 +48,9 @@ class Backend(Protocol):
     tls: bool
     #: Whether it mounts the harness tools bundle (``SandboxSpec.tools``).
     tools: bool
+    #: Where ``Sandbox.snapshot()`` looks for changes: "/" (the sandbox's own root), or
+    #: None, the working directory, where sandboxes share the host's root (local).
+    changes_root: str | None
 
     async def start(
         self, spec: SandboxSpec, *, sandbox_id: str, token_sha256: str, tls: Identity | None = None

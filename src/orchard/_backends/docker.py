@@ -428,6 +428,7 @@ class DockerBackend:
     name = "docker"
     tls = True
     tools = True
+    changes_root: str | None = "/"
 
     def __init__(self, config: DockerConfig, *, session_id: str, http: aiohttp.ClientSession) -> None:
         self.config = config

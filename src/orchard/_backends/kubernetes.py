@@ -193,6 +193,7 @@ class KubernetesBackend:
     name = "kubernetes"
     tls = True
     tools = True
+    changes_root: str | None = "/"
 
     def __init__(self, config: KubernetesConfig, *, session_id: str, http: aiohttp.ClientSession | None = None) -> None:
         self.config = config

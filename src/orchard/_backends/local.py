@@ -599,6 +599,7 @@ class LocalBackend:
     #: Its executors are on a unix socket or loopback: nothing crosses a network.
     tls = False
     tools = False
+    changes_root: str | None = None
 
     def __init__(self, config: LocalConfig) -> None:
         self._python = config.python or sys.executable
