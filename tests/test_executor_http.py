@@ -252,3 +252,33 @@ async def test_a_connection_lost_mid_command_is_retried_and_the_command_runs_onc
     assert proxy.lost_replies == 1
     assert result.stdout == "done\n"
     assert await run_lines(sb) == 1
+
+
+async def test_rekey_swaps_the_token_and_only_the_token_holder_may(
+    sb: orchard.Sandbox, http: aiohttp.ClientSession
+) -> None:
+    """A pooled sandbox's claimer re-keys it: the pool's token stops working, the claimer's works."""
+    import hashlib
+
+    old = dict(sb._rpc._headers)
+    new_token = "claimer-" + uuid.uuid4().hex
+    body = msgspec.json.encode({"token_sha256": hashlib.sha256(new_token.encode()).hexdigest()})
+    headers = {"Content-Type": JSON, "Accept": JSON}
+    for bad in BAD_AUTH:  # without the current token nothing changes
+        async with http.post(url(sb, "/v1/rekey"), headers=headers | bad, data=body) as resp:
+            assert resp.status == 401
+    for digest in ("00" * 31, "zz" * 32, ""):  # not a SHA-256: refused, and the old token still works
+        wrong = msgspec.json.encode({"token_sha256": digest})
+        async with http.post(url(sb, "/v1/rekey"), headers=old | headers, data=wrong) as resp:
+            assert resp.status == 400
+            assert decode(await resp.read(), Error, resp.content_type).code == "bad_request"
+    async with http.get(url(sb, "/v1/info"), headers=old) as resp:
+        assert resp.status == 200
+    async with http.post(url(sb, "/v1/rekey"), headers=old | headers, data=body) as resp:
+        assert resp.status == 204
+    async with http.get(url(sb, "/v1/info"), headers=old) as resp:
+        assert resp.status == 401
+    async with http.post(url(sb, "/v1/rekey"), headers=old | headers, data=body) as resp:
+        assert resp.status == 401  # the old token cannot re-key a second time
+    async with http.get(url(sb, "/v1/info"), headers={"Authorization": f"Bearer {new_token}"}) as resp:
+        assert resp.status == 200

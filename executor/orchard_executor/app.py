@@ -46,6 +46,7 @@ from .protocol import (
     MkdirRequest,
     OutputEvent,
     ProcessList,
+    RekeyRequest,
     RemoveRequest,
     SessionExecRequest,
     SessionInfo,
@@ -124,6 +125,16 @@ class State:
         # Header bytes that are not UTF-8 arrive as surrogates: they are a wrong token, not an error.
         given = hashlib.sha256(header[7:].encode("utf-8", "surrogateescape")).digest()
         return hmac.compare_digest(given, self._token)
+
+    def rekey(self, token_sha256: str) -> None:
+        """Accept only the token with this SHA-256 from now on (the old one stops working)."""
+        try:
+            digest = bytes.fromhex(token_sha256)
+        except ValueError:
+            digest = b""
+        if len(digest) != 32:
+            raise ExecutorError("bad_request", "token_sha256 must be 64 hex digits")
+        self._token = digest
 
     def stop(self, reason: str) -> None:
         """Ask the server to shut down."""
@@ -640,6 +651,13 @@ async def file_list(request: web.Request) -> web.Response:
     return _reply(request, FileList(entries=await asyncio.to_thread(files.list_dir, _query_path(request))))
 
 
+async def rekey(request: web.Request) -> web.Response:
+    """Swap the bearer token (a pooled sandbox handed to its claimer): the token used here stops working."""
+    req = await _body(request, RekeyRequest)
+    _state(request).rekey(req.token_sha256)
+    return web.Response(status=204)
+
+
 async def file_mkdir(request: web.Request) -> web.Response:
     """Create a directory."""
     req = await _body(request, MkdirRequest)
@@ -733,6 +751,7 @@ def create_app(settings: Settings) -> web.Application:
     v = f"/{API_VERSION}"
     app.router.add_get("/healthz", healthz)
     app.router.add_get(f"{v}/info", info)
+    app.router.add_post(f"{v}/rekey", rekey)
     app.router.add_post(f"{v}/exec", exec_)
     app.router.add_post(f"{v}/exec/stream", exec_stream)
     app.router.add_post(f"{v}/processes", process_start)

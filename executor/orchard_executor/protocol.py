@@ -383,6 +383,13 @@ class MkdirRequest(msgspec.Struct, kw_only=True):
     setid: bool = False
 
 
+class RekeyRequest(msgspec.Struct, kw_only=True):
+    """Replace the bearer token: from this request on, only the new one is accepted."""
+
+    #: SHA-256 (hex) of the new token.
+    token_sha256: str
+
+
 class RemoveRequest(msgspec.Struct, kw_only=True):
     """Remove a file, a symlink, or (with ``recursive``) a directory tree."""
 
