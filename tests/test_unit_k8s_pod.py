@@ -378,3 +378,80 @@ def test_network_egress_excludes_metadata_api_server_and_cluster_ranges() -> Non
     assert (
         egress_exceptions(api_server=["10.0.0.5"], cluster_cidrs=[], allow_api_server=True, allow_metadata=True) == []
     )
+
+
+def test_pool_names_are_dns_labels_short_enough_for_every_name_built_from_them() -> None:
+    from orchard._backends import k8s_pool
+
+    assert k8s_pool.check_name("rollouts-swe") == "rollouts-swe"
+    for bad in ["", "Swe", "-swe", "swe-", "a" * 41, "swe.x", "swe/x", 3]:
+        with pytest.raises(ConfigError, match="pool name"):
+            k8s_pool.check_name(bad)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="pool name"):
+        KubernetesConfig(pool="Not_A_Label")
+
+
+def test_pool_spec_hash_is_the_same_whatever_the_order_and_differs_with_the_spec() -> None:
+    from orchard._backends.k8s_pool import spec_hash
+
+    a = make_spec("img", {"env": {"A": "1", "B": "2"}, "labels": {"x": "y"}})
+    b = make_spec("img", {"labels": {"x": "y"}, "env": {"B": "2", "A": "1"}})
+    assert spec_hash(a) == spec_hash(b)
+    assert len(spec_hash(a)) <= 63
+    for other in [make_spec("img2", {}), make_spec("img", {"env": {"A": "1"}}), make_spec("img", {"cpu": "1"})]:
+        assert spec_hash(other) != spec_hash(a)
+
+
+def test_a_claim_is_a_test_and_set_of_the_state_label_that_moves_the_pod_to_the_claimer() -> None:
+    from orchard._backends.k8s_pool import claim_patch
+
+    owner = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "name": "orchard-session-s1", "uid": "u"}
+    patch = claim_patch(session_id="s1", owner=owner)
+    assert patch[0] == {"op": "test", "path": "/metadata/labels/orchard.dev~1pool-state", "value": "ready"}
+    assert {"op": "replace", "path": "/metadata/labels/orchard.dev~1pool-state", "value": "claimed"} in patch
+    assert {"op": "replace", "path": "/metadata/labels/orchard.dev~1session", "value": "s1"} in patch
+    assert {"op": "replace", "path": "/metadata/ownerReferences", "value": [owner]} in patch
+
+
+def test_the_client_role_reads_only_the_named_pool_secrets() -> None:
+    from orchard._backends.k8s_pod import client_role
+
+    assert not [r for r in client_role("ns")["rules"] if "secrets" in r["resources"]]
+    rules = [r for r in client_role("ns", ["orchard-pool-a"])["rules"] if "secrets" in r["resources"]]
+    assert rules == [
+        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"], "resourceNames": ["orchard-pool-a"]}
+    ]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--spec", "[1]"], "--spec must be a JSON object"),
+        (["--spec", "{"], "Expecting property name"),
+        (["--spec", '{"cpuz": 1}'], "invalid sandbox option"),
+        (["--size", "-1"], "the pool size must be a whole number"),
+        (["--name", "Bad_Name"], "pool name"),
+    ],
+)
+def test_pool_keep_refuses_bad_options_before_touching_a_cluster(
+    args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from orchard._cli import main
+
+    options = {"--name": "swe", "--size": "2", "--spec": "{}"}
+    for flag, value in zip(args[::2], args[1::2], strict=True):
+        options[flag] = value
+    argv = [
+        "pool",
+        "keep",
+        options["--name"],
+        "--image",
+        "img",
+        "--size",
+        options["--size"],
+        "--spec",
+        options["--spec"],
+    ]
+    argv += ["--kubeconfig", "/nonexistent"]
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err

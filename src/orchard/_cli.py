@@ -31,6 +31,28 @@ def _parser() -> argparse.ArgumentParser:
         sub.add_argument("--context", default=None)
         if name == "gc":
             sub.add_argument("--dry-run", action="store_true", help="only say what would be deleted")
+    pool = commands.add_parser("pool", help="shared warm pools on kubernetes")
+    pool_commands = pool.add_subparsers(dest="pool_command", required=True)
+    keep = pool_commands.add_parser(
+        "keep",
+        help="keep a pool of started sandboxes that any client with KubernetesConfig(pool=NAME) claims from",
+        description="Keep SIZE started, never-used sandbox pods of IMAGE, replacing those claimed, dead or near "
+        "their idle timeout, until stopped (SIGINT, SIGTERM: its free pods are then deleted). Any number of keepers "
+        "may run: a Lease elects one, and another takes over within --lease-seconds of its last renewal.",
+    )
+    keep.add_argument("name", help="the pool's name (clients pass it as pool=NAME)")
+    keep.add_argument("--image", required=True, help="the sandboxes' image")
+    keep.add_argument("--size", type=int, required=True, help="how many free sandboxes to keep")
+    keep.add_argument(
+        "--spec",
+        default="{}",
+        metavar="JSON",
+        help='the rest of the sandbox spec as JSON, e.g. \'{"cpu": "1", "env": {"A": "b"}}\'; claims must match it',
+    )
+    keep.add_argument("-n", "--namespace", default="default")
+    keep.add_argument("--kubeconfig", default=None)
+    keep.add_argument("--context", default=None)
+    keep.add_argument("--lease-seconds", type=int, default=15, help="how soon another keeper takes over (default 15)")
     k8s = commands.add_parser("k8s", help="one-time Kubernetes setup")
     k8s_commands = k8s.add_subparsers(dest="k8s_command", required=True)
     setup = k8s_commands.add_parser(
@@ -47,6 +69,13 @@ def _parser() -> argparse.ArgumentParser:
     setup.add_argument("--kubeconfig", default=None)
     setup.add_argument("--context", default=None)
     setup.add_argument("--service-account", default=None, help="also bind the Role to this service account")
+    setup.add_argument(
+        "--pool",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a shared pool clients claim from: write its key's Secret and let the Role read it (repeatable)",
+    )
     setup.add_argument("--port", type=int, default=8750, help="the executor port sandboxes accept traffic on")
     setup.add_argument(
         "--pod-security",
@@ -104,6 +133,7 @@ def _k8s_setup(args: argparse.Namespace) -> int:
             allow_metadata=args.allow_metadata,
             allow_api_server=args.allow_api_server,
             allow_cluster=args.allow_cluster,
+            pools=args.pool,
         )
     )
     if args.dry_run:
@@ -111,6 +141,49 @@ def _k8s_setup(args: argparse.Namespace) -> int:
     else:
         for obj in objects:
             print(f"{obj['kind']}/{obj['metadata']['name']} written in {args.namespace}")
+    return 0
+
+
+def _pool_keep(args: argparse.Namespace) -> int:
+    import json
+    import logging
+    import signal
+
+    from ._backends import KubernetesConfig
+    from ._backends.k8s_pool import Keeper
+    from ._spec import make_spec
+    from .errors import ConfigError
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    try:
+        options = json.loads(args.spec)
+        if not isinstance(options, dict):
+            raise ConfigError(f"--spec must be a JSON object, not {args.spec!r}")
+        config = KubernetesConfig(
+            namespace=args.namespace,
+            kubeconfig=args.kubeconfig,
+            context=args.context,
+            lease_seconds=args.lease_seconds,
+        )
+        keeper = Keeper(config, args.name, make_spec(args.image, options), args.size)
+    except (ConfigError, ValueError) as exc:
+        print(f"orchard pool keep: {exc}", file=sys.stderr)
+        return 2
+
+    async def keep() -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+        await keeper.run()
+
+    try:
+        asyncio.run(keep())
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        print(f"orchard pool keep: stopped; the free pods of pool {args.name} are deleted", file=sys.stderr)
+        return 0
+    except ConfigError as exc:
+        print(f"orchard pool keep: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -161,6 +234,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if rec.failed == 0 else 1
     if args.command == "k8s":
         return _k8s_setup(args)
+    if args.command == "pool":
+        return _pool_keep(args)
     return _cluster(args)
 
 

@@ -218,7 +218,23 @@ class Client:
             if sb is not None:
                 sb.timings = {"claim": time.monotonic() - t0}
                 return sb
+        if getattr(self.config, "pool", None) is not None:
+            sb = await self._claim_shared(sandbox_spec)
+            if sb is not None:
+                return sb
         return await self._start_cold(sandbox_spec, sandbox_id)
+
+    async def _claim_shared(self, sandbox_spec: SandboxSpec) -> Sandbox | None:
+        """A sandbox claimed from the shared kubernetes pool ``config.pool``, or None to start one cold."""
+        backend, http = self._ensure_open()
+        token = secrets.token_urlsafe(32)
+        t0 = time.monotonic()
+        claimed = await backend.claim(sandbox_spec, token_sha256=hashlib.sha256(token.encode()).hexdigest())  # type: ignore[attr-defined]
+        if claimed is None:
+            return None
+        instance, fingerprint = claimed
+        timings = instance.timings | {"claim": time.monotonic() - t0}  # the claim's steps, then its whole
+        return await self._open(backend, http, instance, instance.name, token, sandbox_spec, fingerprint, timings)
 
     async def _start_cold(self, sandbox_spec: SandboxSpec, sandbox_id: str | None = None) -> Sandbox:
         backend, http = self._ensure_open()
@@ -236,19 +252,34 @@ class Client:
             instance = await backend.start(
                 sandbox_spec, sandbox_id=sandbox_id, token_sha256=hashlib.sha256(token.encode()).hexdigest(), tls=tls
             )
+        timings = {"queued": waited} | {k: v + waited for k, v in instance.timings.items()}
+        fingerprint = tls.fingerprint if tls is not None else None
+        return await self._open(backend, http, instance, sandbox_id, token, sandbox_spec, fingerprint, timings)
+
+    async def _open(
+        self,
+        backend: Backend,
+        http: aiohttp.ClientSession,
+        instance: Instance,
+        sandbox_id: str,
+        token: str,
+        spec: SandboxSpec,
+        fingerprint: bytes | None,
+        timings: dict[str, float],
+    ) -> Sandbox:
+        """The Sandbox of an instance just started or claimed, with its new token."""
         if self._closed:  # closed while this one was starting: nobody would delete it
             await instance.delete()
             raise SandboxClosed("this Client was closed while the sandbox started", sandbox_id=sandbox_id)
-        timings = {"queued": waited} | {k: v + waited for k, v in instance.timings.items()}
         fields = _handle.HandleFields(
             backend=backend.name,
             sandbox_id=sandbox_id,
             token=token,
-            image=sandbox_spec.image,
-            fingerprint=tls.fingerprint if tls is not None else None,
+            image=spec.image,
+            fingerprint=fingerprint,
             **instance.describe(),
         )
-        return self._adopt(backend, instance, self._rpc(instance, fields, http), fields, sandbox_spec, timings)
+        return self._adopt(backend, instance, self._rpc(instance, fields, http), fields, spec, timings)
 
     def _rpc(self, instance: Instance, fields: _handle.HandleFields, http: aiohttp.ClientSession) -> ExecutorClient:
         """The client of a sandbox's executor, as its handle's fields say to reach it."""

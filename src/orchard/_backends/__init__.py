@@ -69,9 +69,16 @@ class KubernetesConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown
     #: (containerd >= 2.0, CRI-O >= 1.25, kernel >= 6.3); pods fail to start
     #: elsewhere, e.g. on the dev cluster's containerd 1.6.
     user_namespaces: bool = False
+    #: A shared warm pool (kept by ``orchard pool keep NAME``) to claim sandboxes from: a sandbox of the pool's
+    #: image and spec is claimed from it when one is ready, and started cold otherwise.
+    pool: str | None = None
 
     def __post_init__(self) -> None:
         """Validate the hardening options; capability names are normalised to NET_RAW form."""
+        if self.pool is not None:
+            from .k8s_pool import check_name
+
+            check_name(self.pool)
         if self.run_as_user is not None and self.run_as_user <= 0:
             raise ConfigError(f"run_as_user={self.run_as_user!r} must be a positive (non-root) uid")
         caps = [c.upper().removeprefix("CAP_") for c in self.cap_add]

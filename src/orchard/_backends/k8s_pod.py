@@ -153,6 +153,7 @@ class PodList(msgspec.Struct):
 
 
 class _LeaseSpec(msgspec.Struct, rename="camel", frozen=True):
+    holder_identity: str | None = None
     renew_time: str | None = None
     lease_duration_seconds: int = 0
 
@@ -452,20 +453,31 @@ def lease_manifest(*, session_id: str, namespace: str, duration: int, now: str) 
 # -- One-time cluster setup: the client's Role and the sandbox NetworkPolicies --
 
 
-def client_role(namespace: str) -> dict[str, Any]:
-    """The RBAC Role an Orchard client needs in its namespace, and nothing more."""
+def client_role(namespace: str, pool_secrets: Sequence[str] = ()) -> dict[str, Any]:
+    """The RBAC Role an Orchard client needs in its namespace, and nothing more.
+
+    ``pool_secrets``: the Secrets holding the keys of shared pools, which a
+    claimer reads (only those, by name).
+    """
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "Role",
         "metadata": {"name": "orchard-client", "namespace": namespace, "labels": {MANAGED_BY: "orchard"}},
         "rules": [
-            {"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "delete", "get", "list", "watch"]},
+            # patch: claiming a pod of a shared pool (a compare-and-swap on its labels).
+            {"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "delete", "get", "list", "patch", "watch"]},
             {"apiGroups": [""], "resources": ["pods/portforward"], "verbs": ["create", "get"]},
             {
                 "apiGroups": ["coordination.k8s.io"],
                 "resources": ["leases"],
-                "verbs": ["create", "delete", "get", "list", "patch"],
+                # update: a pool keeper taking over the pool's expired Lease.
+                "verbs": ["create", "delete", "get", "list", "patch", "update"],
             },
+            *(
+                [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"], "resourceNames": list(pool_secrets)}]
+                if pool_secrets
+                else []
+            ),
         ],
     }
 

@@ -9,11 +9,14 @@ and files go straight to the executor at the pod IP.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import copy
 import datetime
 import logging
+import random
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
@@ -212,7 +215,17 @@ class KubernetesBackend:
         self._watch_ready: asyncio.Event | None = None
         self._lock = asyncio.Lock()
         #: API requests made, by verb (create, delete, list, watch).
-        self.api_requests: dict[str, int] = {"create": 0, "delete": 0, "list": 0, "watch": 0, "lease": 0, "get": 0}
+        self.api_requests: dict[str, int] = {
+            "create": 0, "delete": 0, "list": 0, "watch": 0, "lease": 0, "get": 0, "patch": 0
+        }  # fmt: skip
+        #: A pool keeper's: takes a contested Lease (instead of creating the session's own) and returns its owner
+        #: reference; renewals then check ``holder`` still holds it, and set ``lost`` when another does.
+        self.elect: Callable[[KubernetesBackend], Awaitable[dict[str, str]]] | None = None
+        self.holder: str | None = None
+        self.lost: str | None = None
+        #: The shared pool's key (``config.pool``), read from its Secret on the first claim.
+        self._pool_key: str | None = None
+        self._pool_warned = False
 
     async def _load(self) -> None:
         """Load credentials and build the API clients."""
@@ -261,6 +274,9 @@ class KubernetesBackend:
 
     async def _take_lease(self) -> None:
         """Create this session's Lease: it owns the session's pods and shows the client is alive."""
+        if self.elect is not None:
+            self._owner = await self.elect(self)
+            return
         body = lease_manifest(
             session_id=self.session_id,
             namespace=self.config.namespace,
@@ -278,22 +294,34 @@ class KubernetesBackend:
         }
 
     async def _renew(self) -> None:
+        from kubernetes_asyncio.client.exceptions import ApiException
+
         assert self._owner is not None
+        renewed = time.monotonic()
         while True:
             await asyncio.sleep(self.config.lease_seconds / 3)
+            body: Any = {"spec": {"renewTime": _micro_time()}}
+            if self.holder is not None:  # a contested Lease: renew only while still its holder
+                body = [
+                    {"op": "test", "path": "/spec/holderIdentity", "value": self.holder},
+                    {"op": "replace", "path": "/spec/renewTime", "value": body["spec"]["renewTime"]},
+                ]
             try:
                 resp = await self._call(
-                    "lease",
-                    self._coord.patch_namespaced_lease,
-                    self._owner["name"],
-                    self.config.namespace,
-                    {"spec": {"renewTime": _micro_time()}},
+                    "lease", self._coord.patch_namespaced_lease, self._owner["name"], self.config.namespace, body
                 )
                 resp.release()
+                renewed = time.monotonic()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                log.warning("renewing the session lease failed: %r", exc)
+                log.warning("renewing the lease %s failed: %r", self._owner["name"], exc)
+                if self.holder is not None and (
+                    (isinstance(exc, ApiException) and exc.status in (404, 422))
+                    or time.monotonic() - renewed > self.config.lease_seconds
+                ):
+                    self.lost = f"the Lease {self._owner['name']} is no longer held by {self.holder}"
+                    return
 
     async def _call(self, verb: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
         """One API call, retried when transient; the raw response, or ApiException for a non-2xx status."""
@@ -484,6 +512,127 @@ class KubernetesBackend:
         base_url, forward = await self._route(name, base_url, ssl, 3.0)
         return KubernetesInstance(self, tracked, base_url, forward, attached=True, owned=owner)
 
+    async def claim(self, spec: SandboxSpec, *, token_sha256: str) -> tuple[KubernetesInstance, bytes] | None:
+        """A ready pod of the shared pool ``config.pool`` made this session's, and its TLS fingerprint.
+
+        None when there is none to take (no keeper, no Secret, an empty pool,
+        no pod of this spec): the caller starts one cold. See ``k8s_pool``.
+        """
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        from . import k8s_pool
+
+        pool = self.config.pool
+        assert pool is not None
+        t0 = time.monotonic()
+        await self._connect()
+        assert self._owner is not None
+        key = await self._read_pool_key()
+        if key is None:
+            return None
+        resp = await self._call(
+            "list",
+            self._core.list_namespaced_pod,
+            self.config.namespace,
+            label_selector=k8s_pool.ready_selector(pool, spec),
+        )
+        pods = _POD_LIST.decode(await resp.read()).items
+        listed = time.monotonic() - t0
+        random.shuffle(pods)  # claimers racing for the same pod would all but one lose a round trip
+        patch = k8s_pool.claim_patch(session_id=self.session_id, owner=self._owner)
+        for pod in pods:
+            name, phase = pod.metadata.name, classify(pod)
+            try:
+                fingerprint = bytes.fromhex(pod.metadata.annotations.get(k8s_pool.FINGERPRINT_ANNOTATION, ""))
+            except ValueError:
+                continue
+            if (
+                phase.state != "running"
+                or not phase.pod_ip
+                or len(fingerprint) != 32
+                or pod.metadata.deletion_timestamp
+            ):
+                continue
+            tracked = _Tracked(name)
+            tracked.t0 = t0
+            tracked.timings["listed"] = listed
+            tracked.running.set_result(phase.pod_ip)
+            self._tracked[name] = tracked
+            try:
+                resp = await self._call("patch", self._core.patch_namespaced_pod, name, self.config.namespace, patch)
+                resp.release()
+                tracked.mark("won")
+            except ApiException as exc:
+                self._tracked.pop(name, None)
+                if exc.status in (404, 409, 422):  # another claimer won it, or it is gone
+                    continue
+                raise
+            # Ours now (our session's label, our Lease): whatever goes wrong from here deletes it.
+            forward: PortForward | None = None
+            try:
+                ssl = pin(fingerprint)
+                base_url, forward = await self._route(
+                    name, f"https://{phase.pod_ip}:{self.config.executor_port}", ssl, 3.0
+                )
+                await self._rekey(base_url, ssl, key, token_sha256)
+                tracked.mark("rekeyed")
+            except BaseException as exc:
+                if forward is not None:
+                    await forward.close()
+                await asyncio.shield(self.delete_pod(name))
+                if not isinstance(exc, Exception):
+                    raise
+                # Never the exception's repr: a ClientResponseError's holds the request's headers, the key among them.
+                why = f"HTTP {exc.status}" if isinstance(exc, aiohttp.ClientResponseError) else type(exc).__name__
+                log.info("pool %s: claimed %s but could not re-key it (%s); trying the next", pool, name, why)
+                if isinstance(exc, aiohttp.ClientResponseError) and exc.status == 401:
+                    self._pool_key = key = await self._read_pool_key(again=True)
+                    if key is None:
+                        return None
+                continue
+            return KubernetesInstance(self, tracked, base_url, forward), fingerprint
+        return None
+
+    async def _read_pool_key(self, *, again: bool = False) -> str | None:
+        """The shared pool's key from its Secret (cached), or None if it cannot be read."""
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        from . import k8s_pool
+
+        if self._pool_key is not None and not again:
+            return self._pool_key
+        assert self.config.pool is not None
+        name = k8s_pool.secret_name(self.config.pool)
+        try:
+            resp = await self._call("get", self._core.read_namespaced_secret, name, self.config.namespace)
+            async with resp:
+                data = msgspec.json.decode(await resp.read())["data"]
+            self._pool_key = base64.b64decode(data[k8s_pool.SECRET_KEY]).decode()
+        except (ApiException, KeyError, ValueError) as exc:
+            if self._pool_key is None and self._pool_warned:  # said once; a keeper may write it later
+                return None
+            self._pool_warned = True
+            log.warning(
+                "pool %s: cannot read the Secret %s (%s); starting sandboxes cold (`orchard pool keep %s` writes it)",
+                self.config.pool,
+                name,
+                getattr(exc, "status", exc),
+                self.config.pool,
+            )
+            self._pool_key = None
+        return self._pool_key
+
+    async def _rekey(self, base_url: str, ssl: aiohttp.Fingerprint | bool, key: str, token_sha256: str) -> None:
+        """Swap a pooled executor's token from the pool's key to the claimer's."""
+        async with self._pool.post(
+            f"{base_url}/v1/rekey",
+            data=msgspec.json.encode({"token_sha256": token_sha256}),
+            headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
+            timeout=aiohttp.ClientTimeout(total=5.0),
+            ssl=ssl,
+        ) as resp:
+            resp.raise_for_status()
+
     async def _answers(self, base_url: str, within: float, ssl: aiohttp.Fingerprint | bool) -> bool:
         """Whether the pod IP is routable from here (refused counts: the executor is still starting)."""
         deadline = time.monotonic() + within
@@ -602,7 +751,7 @@ class KubernetesBackend:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-        if self._owner is not None:
+        if self._owner is not None and self.lost is None:
             # Deleting the Lease lets Kubernetes collect any pod of ours still standing.
             with contextlib.suppress(Exception):
                 resp = await self._call(
@@ -754,6 +903,7 @@ async def setup(
     allow_metadata: bool = False,
     allow_api_server: bool = False,
     allow_cluster: bool = False,
+    pools: list[str] | None = None,
 ) -> list[dict[str, Any]]:
     """Label the namespace for Pod Security and write the client Role, a RoleBinding, the NetworkPolicies.
 
@@ -774,6 +924,8 @@ async def setup(
             (the cloud metadata service).
         allow_api_server: Let them reach the API server.
         allow_cluster: Let them reach the cluster's pods, services and nodes.
+        pools: Shared pools (``orchard pool keep``): each gets the Secret with its
+            key (kept if it exists), which the client Role may read.
 
     Returns:
         The objects written, the Namespace (its labels only) first.
@@ -812,7 +964,14 @@ async def setup(
         if backend is not None:
             await backend._close_api()
         raise ConfigError(f"orchard k8s setup: {exc}") from None
-    objects = [client_role(config.namespace), *policies]
+    from . import k8s_pool
+
+    pools = [k8s_pool.check_name(p) for p in pools or []]
+    objects = [
+        client_role(config.namespace, [k8s_pool.secret_name(p) for p in pools]),
+        *policies,
+        *(k8s_pool.pool_secret(config.namespace, p) for p in pools),
+    ]
     if service_account:
         objects.insert(1, role_binding(config.namespace, service_account=service_account))
     if pod_security is not None:
@@ -831,6 +990,7 @@ async def setup(
         "Role": (rbac.create_namespaced_role, rbac.replace_namespaced_role),
         "RoleBinding": (rbac.create_namespaced_role_binding, rbac.replace_namespaced_role_binding),
         "NetworkPolicy": (net.create_namespaced_network_policy, net.replace_namespaced_network_policy),
+        "Secret": (core.create_namespaced_secret, None),  # an existing key stays: pods in the pool accept it
     }
     try:
         for obj in objects:
@@ -849,7 +1009,8 @@ async def setup(
             except ApiException as exc:
                 if exc.status != 409:
                     raise
-                await replace(obj["metadata"]["name"], config.namespace, obj)
+                if replace is not None:
+                    await replace(obj["metadata"]["name"], config.namespace, obj)
     finally:
         await backend._close_api()
     return objects
