@@ -431,6 +431,7 @@ def test_the_client_role_reads_only_the_named_pool_secrets() -> None:
         (["--spec", '{"cpuz": 1}'], "invalid sandbox option"),
         (["--size", "-1"], "the pool size must be a whole number"),
         (["--name", "Bad_Name"], "pool name"),
+        (["--max-starting", "0"], "max_starting=0 must be a whole number >= 1"),
     ],
 )
 def test_pool_keep_refuses_bad_options_before_touching_a_cluster(
@@ -438,7 +439,7 @@ def test_pool_keep_refuses_bad_options_before_touching_a_cluster(
 ) -> None:
     from orchard._cli import main
 
-    options = {"--name": "swe", "--size": "2", "--spec": "{}"}
+    options = {"--name": "swe", "--size": "2", "--spec": "{}", "--max-starting": "4"}
     for flag, value in zip(args[::2], args[1::2], strict=True):
         options[flag] = value
     argv = [
@@ -452,6 +453,6 @@ def test_pool_keep_refuses_bad_options_before_touching_a_cluster(
         "--spec",
         options["--spec"],
     ]
-    argv += ["--kubeconfig", "/nonexistent"]
+    argv += ["--max-starting", options["--max-starting"], "--kubeconfig", "/nonexistent"]
     assert main(argv) == 2
     assert message in capsys.readouterr().err

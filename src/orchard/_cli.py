@@ -49,6 +49,7 @@ def _parser() -> argparse.ArgumentParser:
         metavar="JSON",
         help='the rest of the sandbox spec as JSON, e.g. \'{"cpu": "1", "env": {"A": "b"}}\'; claims must match it',
     )
+    keep.add_argument("--max-starting", type=int, default=4, help="pods started at once when refilling (default 4)")
     keep.add_argument("-n", "--namespace", default="default")
     keep.add_argument("--kubeconfig", default=None)
     keep.add_argument("--context", default=None)
@@ -165,7 +166,7 @@ def _pool_keep(args: argparse.Namespace) -> int:
             context=args.context,
             lease_seconds=args.lease_seconds,
         )
-        keeper = Keeper(config, args.name, make_spec(args.image, options), args.size)
+        keeper = Keeper(config, args.name, make_spec(args.image, options), args.size, max_starting=args.max_starting)
     except (ConfigError, ValueError) as exc:
         print(f"orchard pool keep: {exc}", file=sys.stderr)
         return 2

@@ -142,9 +142,15 @@ def _pool_lease(namespace: str, pool: str, holder: str, duration: int, resource_
 class Keeper:
     """Keeps one pool at size while it holds the pool's Lease (``orchard pool keep``)."""
 
-    def __init__(self, config: KubernetesConfig, pool: str, spec: SandboxSpec, size: int) -> None:
+    def __init__(
+        self, config: KubernetesConfig, pool: str, spec: SandboxSpec, size: int, *, max_starting: int = 4
+    ) -> None:
         if isinstance(size, bool) or not isinstance(size, int) or size < 0:
             raise ConfigError(f"size={size!r}: the pool size must be a whole number >= 0")
+        if isinstance(max_starting, bool) or not isinstance(max_starting, int) or max_starting < 1:
+            raise ConfigError(f"max_starting={max_starting!r} must be a whole number >= 1")
+        #: Pods started at once: a refill after a burst of claims must not starve the claims' own calls.
+        self.max_starting = max_starting
         self.config = config
         self.pool = check_name(pool)
         self.spec = spec
@@ -298,7 +304,7 @@ class Keeper:
             log.info("pool %s: deleting %s (%s)", self.pool, name, why)
             await backend.delete_pod(name)
         self.free = free
-        missing = self.size - free - len(self._starting)
+        missing = min(self.size - free, self.max_starting) - len(self._starting)
         if missing <= 0 or self._delay_until > time.monotonic():
             return
         for _ in range(missing):
