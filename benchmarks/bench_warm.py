@@ -6,7 +6,10 @@
 For each backend, in one run: ``--runs`` sandboxes one at a time started
 cold, then as many claimed from ``Client(warm={image: size})`` with the pool
 full before each claim; then a burst of ``--burst`` at once (a GRPO group),
-cold, then claimed from a full pool of that size. Each figure is the time
+cold, then claimed from a full pool of that size. On kubernetes the same
+again for a pool shared across processes (``orchard pool keep``, here a
+keeper in this process; a claim lists the pool's pods, wins one by a
+compare-and-swap patch and re-keys it). Each figure is the time
 from ``client.create`` to the answer of ``exec("true")``. Cold and warm runs
 alternate per sample, so the machine's load hits both alike. The cold starts'
 phases (``sb.timings``: when each startup step ended, from the create call)
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import statistics
@@ -27,6 +31,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import msgspec
 from _stats import pct, per_backend
 
 import orchard
@@ -66,28 +71,72 @@ def stats(values: list[float]) -> dict[str, float]:
     return {"p50_ms": pct(values, 50) * 1000, "p99_ms": pct(values, 99) * 1000, "n": len(values)}
 
 
+class Shared:
+    """A shared kubernetes pool of ``size`` (a keeper in this process) and a client claiming from it."""
+
+    def __init__(self, size: int) -> None:
+        from orchard._backends.k8s_pool import Keeper
+        from orchard._spec import make_spec
+
+        self.size = size
+        self.keeper = Keeper(config("kubernetes", ""), "bench", make_spec(IMAGES["kubernetes"], {}), size)
+        self.client = orchard.Client(msgspec.structs.replace(config("kubernetes", ""), pool="bench"))
+
+    async def full(self) -> None:
+        async with asyncio.timeout(600):
+            while self.keeper.free < self.size or self.keeper.starts == 0:
+                await asyncio.sleep(0.1)
+
+
 async def backend_figures(backend: str, runs: int, burst: int) -> dict[str, Any]:
     image = IMAGES[backend]
     with tempfile.TemporaryDirectory() as root:
         cold_client = orchard.Client(config(backend, root))
         warm_client = orchard.Client(config(backend, root), warm={image: max(1, burst)})
-        async with cold_client, warm_client:
-            await warm_client.wait_warm(timeout=600)
-            cold, warm, missed, phases = [], [], 0, []
+        shared = Shared(max(1, burst)) if backend == "kubernetes" else None
+        keeping = asyncio.create_task(shared.keeper.run()) if shared is not None else None
+        async with cold_client, warm_client, contextlib.AsyncExitStack() as stack:
+            if shared is not None:
+                await stack.enter_async_context(shared.client)
+
+            async def settled() -> None:
+                """Every pool full: no refill of one competes with a claim from another."""
+                await warm_client.wait_warm(timeout=600)
+                if shared is not None:
+                    await shared.full()
+
+            await settled()
+            cold, warm, shared_warm, missed, phases = [], [], [], 0, []
             for _ in range(runs):
                 cold.append((await first_command(cold_client, image, phases))[0])
-                await warm_client.wait_warm(timeout=600)
+                await settled()
                 seconds, claimed = await first_command(warm_client, image)
                 warm.append(seconds)
                 missed += not claimed
+                if shared is not None:
+                    await settled()
+                    seconds, claimed = await first_command(shared.client, image)
+                    shared_warm.append(seconds)
+                    missed += not claimed
             # The burst's figure is its slowest sandbox: when the whole group has answered.
             cold_burst = max(
                 s for s, _ in await asyncio.gather(*(first_command(cold_client, image) for _ in range(burst)))
             )
-            await warm_client.wait_warm(timeout=600)
+            await settled()
             claims = await asyncio.gather(*(first_command(warm_client, image) for _ in range(burst)))
             warm_burst = max(s for s, _ in claims)
             missed += sum(not claimed for _, claimed in claims)
+            shared_burst = None
+            if shared is not None:
+                await settled()
+                claims = await asyncio.gather(*(first_command(shared.client, image) for _ in range(burst)))
+                shared_burst = max(s for s, _ in claims)
+                missed += sum(not claimed for _, claimed in claims)
+        if keeping is not None:
+            keeping.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await keeping
+    extra = {"shared": stats(shared_warm), "shared_burst_s": shared_burst} if shared is not None else {}
     return {
         "backend": backend,
         "image": image,
@@ -98,6 +147,7 @@ async def backend_figures(backend: str, runs: int, burst: int) -> dict[str, Any]
         "cold_burst_s": cold_burst,
         "warm_burst_s": warm_burst,
         "claims_missed": missed,
+        **extra,
     }
 
 
@@ -109,6 +159,12 @@ def show(r: dict[str, Any]) -> None:
         f"{r['burst']} at once: cold {r['cold_burst_s']:.2f} s, warm {r['warm_burst_s']:.2f} s"
         + (f"; {r['claims_missed']} claims fell back to cold" if r["claims_missed"] else "")
     )
+    if "shared" in r:
+        s = r["shared"]
+        print(
+            " " * 12 + f"shared pool (orchard pool keep): p50/p99 ms {s['p50_ms']:.1f}/{s['p99_ms']:.1f} "
+            f"({c['p50_ms'] / s['p50_ms']:.0f}x); {r['burst']} at once {r['shared_burst_s']:.2f} s"
+        )
     print(
         " " * 12
         + "cold phases, median ms from create: "

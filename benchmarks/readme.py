@@ -220,6 +220,15 @@ def warm(r: dict[str, Any]) -> str:
             f"| {x['backend']} | {c['p50_ms']:.1f} / {c['p99_ms']:.1f} | {w['p50_ms']:.1f} / {w['p99_ms']:.1f} | "
             f"{c['p50_ms'] / w['p50_ms']:.0f}x | {x['burst']}: {x['cold_burst_s']:.2f} / {x['warm_burst_s']:.2f} |"
         )
+    shared = [x for x in r["runs"] if "shared" in x]
+    if shared:
+        rows += ["", "A pool shared across processes (`orchard pool keep`; a claim lists, patches and re-keys):", ""]
+        for x in shared:
+            c, s = x["cold"], x["shared"]
+            rows.append(
+                f"- {x['backend']}: shared p50 / p99 {s['p50_ms']:.1f} / {s['p99_ms']:.1f} ms "
+                f"({c['p50_ms'] / s['p50_ms']:.0f}x faster than cold); {x['burst']} at once {x['shared_burst_s']:.2f} s"
+            )
     missed = sum(x["claims_missed"] for x in r["runs"])
     if missed:
         rows += ["", f"{missed} claims found the pool empty and started cold."]
