@@ -109,14 +109,16 @@ class _Tracked:
         self.timings: dict[str, float] = {}
         self.running: asyncio.Future[str] = loop.create_future()
         self.failed: asyncio.Future[Phase] = loop.create_future()
+        #: Whether the start's phases are timed (not for a pod claimed from a pool, started long before).
+        self.timed = True
 
     def mark(self, phase: str) -> None:
         self.timings.setdefault(phase, time.monotonic() - self.t0)
 
     def update(self, phase: Phase) -> None:
-        if phase.scheduled:
+        if phase.scheduled and self.timed:
             self.mark("scheduled")
-        if phase.initialized:
+        if phase.initialized and self.timed:
             self.mark("initialized")
         if phase.state == "running" and phase.pod_ip and not self.running.done():
             self.mark("running")
@@ -554,7 +556,7 @@ class KubernetesBackend:
             ):
                 continue
             tracked = _Tracked(name)
-            tracked.t0 = t0
+            tracked.t0, tracked.timed = t0, False
             tracked.timings["listed"] = listed
             tracked.running.set_result(phase.pod_ip)
             self._tracked[name] = tracked
