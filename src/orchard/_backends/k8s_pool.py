@@ -304,7 +304,9 @@ class Keeper:
             log.info("pool %s: deleting %s (%s)", self.pool, name, why)
             await backend.delete_pod(name)
         self.free = free
-        missing = min(self.size - free, self.max_starting) - len(self._starting)
+        # A start that ended after the snapshot is ready but was skipped above: count it as in flight.
+        in_flight = starting | self._starting
+        missing = min(self.size - free - len(in_flight), self.max_starting - len(self._starting))
         if missing <= 0 or self._delay_until > time.monotonic():
             return
         for _ in range(missing):
