@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import logging
 import os
 import signal
 import subprocess
@@ -26,6 +27,7 @@ from orchard._backends import k8s_pool
 from orchard._backends.kubernetes import setup
 from orchard._spec import make_spec
 from orchard._tls import pin
+from orchard.errors import SandboxStartError
 from support import eventually
 
 pytestmark = pytest.mark.k8s
@@ -295,3 +297,33 @@ async def test_the_client_role_is_enough_to_claim(k8s_api: ApiClient, k8s_namesp
             assert await pool_key(k8s_api, k8s_namespace, "rb") == key_before
     finally:
         os.unlink(f.name)
+
+
+async def test_a_pool_whose_image_cannot_start_backs_off_and_claims_fail_as_cold_starts(
+    k8s_namespace: str, kubeconfig: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="orchard.pool")
+    options = {"image_pull_policy": "Never"}
+    cfg = config(kubeconfig, k8s_namespace)
+    keep = k8s_pool.Keeper(cfg, "bad", make_spec("orchard-test/does-not-exist:1", options), 2, max_starting=1)
+    task = asyncio.create_task(keep.run())
+    try:
+        await eventually(
+            lambda: sum("next in" in r.getMessage() for r in caplog.records) >= 2,
+            timeout=120,
+            what="two failed starts",
+        )
+        assert isinstance(keep.last_error, SandboxStartError)
+        assert keep.last_error.reason == "ErrImageNeverPull"
+        assert keep.free == 0
+        # Each failure doubles the wait before the next start, instead of looping.
+        delays = [r.getMessage().rsplit("next in ", 1)[1] for r in caplog.records if "next in" in r.getMessage()]
+        assert delays[:2] == ["0.5s", "1.0s"]
+        async with orchard.Client(config(kubeconfig, k8s_namespace, pool="bad")) as client:
+            with pytest.raises(SandboxStartError) as info:
+                await client.create("orchard-test/does-not-exist:1", **options)
+        assert info.value.reason == "ErrImageNeverPull"  # the cold start's own typed error
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
