@@ -5,8 +5,21 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+from typing import Any
 
 from . import __version__
+
+
+def _cluster_options(parser: argparse.ArgumentParser) -> None:
+    """Where on which cluster: the namespace, the kubeconfig and its context."""
+    parser.add_argument("-n", "--namespace", default="default")
+    parser.add_argument("--kubeconfig", default=None)
+    parser.add_argument("--context", default=None)
+
+
+def _group(commands: Any, name: str, text: str) -> Any:
+    """A command with subcommands of its own (``orchard pool keep``, ``orchard k8s setup``)."""
+    return commands.add_parser(name, help=text).add_subparsers(dest=f"{name}_command", required=True)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -26,14 +39,10 @@ def _parser() -> argparse.ArgumentParser:
     ):
         sub = commands.add_parser(name, help=text)
         sub.add_argument("--backend", default="kubernetes", choices=["kubernetes", "docker"])
-        sub.add_argument("-n", "--namespace", default="default")
-        sub.add_argument("--kubeconfig", default=None)
-        sub.add_argument("--context", default=None)
+        _cluster_options(sub)
         if name == "gc":
             sub.add_argument("--dry-run", action="store_true", help="only say what would be deleted")
-    pool = commands.add_parser("pool", help="shared warm pools on kubernetes")
-    pool_commands = pool.add_subparsers(dest="pool_command", required=True)
-    keep = pool_commands.add_parser(
+    keep = _group(commands, "pool", "shared warm pools on kubernetes").add_parser(
         "keep",
         help="keep a pool of started sandboxes that any client with KubernetesConfig(pool=NAME) claims from",
         description="Keep SIZE started, never-used sandbox pods of IMAGE, replacing those claimed, dead or near "
@@ -50,13 +59,9 @@ def _parser() -> argparse.ArgumentParser:
         help='the rest of the sandbox spec as JSON, e.g. \'{"cpu": "1", "env": {"A": "b"}}\'; claims must match it',
     )
     keep.add_argument("--max-starting", type=int, default=4, help="pods started at once when refilling (default 4)")
-    keep.add_argument("-n", "--namespace", default="default")
-    keep.add_argument("--kubeconfig", default=None)
-    keep.add_argument("--context", default=None)
+    _cluster_options(keep)
     keep.add_argument("--lease-seconds", type=int, default=15, help="how soon another keeper takes over (default 15)")
-    k8s = commands.add_parser("k8s", help="one-time Kubernetes setup")
-    k8s_commands = k8s.add_subparsers(dest="k8s_command", required=True)
-    setup = k8s_commands.add_parser(
+    setup = _group(commands, "k8s", "one-time Kubernetes setup").add_parser(
         "setup",
         help="label the namespace for Pod Security, write the client RBAC Role and the sandbox NetworkPolicies",
         description="Label the namespace for Pod Security admission (enforce --pod-security, warn and audit "
@@ -66,9 +71,7 @@ def _parser() -> argparse.ArgumentParser:
         "link-local (cloud metadata), the API server and the cluster's pod, service and node addresses. "
         "Policies need a network plugin that enforces them.",
     )
-    setup.add_argument("-n", "--namespace", default="default")
-    setup.add_argument("--kubeconfig", default=None)
-    setup.add_argument("--context", default=None)
+    _cluster_options(setup)
     setup.add_argument("--service-account", default=None, help="also bind the Role to this service account")
     setup.add_argument(
         "--pool",
