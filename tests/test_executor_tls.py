@@ -67,3 +67,29 @@ async def test_a_good_identity_serves_tls_1_3_only_with_that_certificate() -> No
     finally:
         proc.kill()
         proc.communicate()
+
+
+async def test_pins_of_one_certificate_share_one_tls_connection() -> None:
+    """The readiness poll and the sandbox's calls each pin the certificate: one handshake between them, not two."""
+    import aiohttp
+
+    identity = _tls.make_identity("sb-test")
+    proc = executor(identity.pem)
+    created = 0
+
+    async def count(*_: object) -> None:
+        nonlocal created
+        created += 1
+
+    trace = aiohttp.TraceConfig()
+    trace.on_connection_create_end.append(count)
+    try:
+        port = json.loads(await asyncio.to_thread(proc.ready.readline))["port"]  # type: ignore[attr-defined]
+        async with aiohttp.ClientSession(trace_configs=[trace]) as http:
+            for _ in range(3):  # as the backend's poll, then the executor client, each pinning anew
+                async with http.get(f"https://127.0.0.1:{port}/healthz", ssl=_tls.pin(identity.fingerprint)) as r:
+                    assert r.status == 200
+        assert created == 1
+    finally:
+        proc.kill()
+        proc.communicate()

@@ -17,6 +17,7 @@ sandbox: ``import orchard`` stays light.
 from __future__ import annotations
 
 import datetime
+import functools
 from dataclasses import dataclass
 
 import aiohttp
@@ -69,5 +70,15 @@ def make_identity(name: str) -> Identity:
 
 
 def pin(fingerprint: bytes | None) -> aiohttp.Fingerprint | bool:
-    """The ``ssl=`` argument for a request to an executor: its pinned certificate, if it has one."""
-    return aiohttp.Fingerprint(fingerprint) if fingerprint is not None else True
+    """The ``ssl=`` argument for a request to an executor: its pinned certificate, if it has one.
+
+    The same object for the same certificate: aiohttp pools connections by it, so the backend's
+    readiness poll (or a pool claim's re-key) and the sandbox's first call share one TLS connection
+    instead of paying a second handshake.
+    """
+    return _fingerprint(fingerprint) if fingerprint is not None else True
+
+
+@functools.lru_cache(maxsize=4096)
+def _fingerprint(fingerprint: bytes) -> aiohttp.Fingerprint:
+    return aiohttp.Fingerprint(fingerprint)
