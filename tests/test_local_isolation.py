@@ -230,6 +230,23 @@ async def test_auto_without_bubblewrap_is_a_config_error(local_root: Path, monke
     assert not local_root.exists() or os.listdir(local_root) == []
 
 
+async def test_a_backend_that_cannot_be_built_leaves_no_http_session_open(
+    local_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import gc
+
+    monkeypatch.setenv("PATH", "/nonexistent")
+    client = orchard.Client(orchard.LocalConfig(root=str(local_root)))
+    with pytest.raises(errors.ConfigError):
+        await client.__aenter__()
+    assert client._http is None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        del client
+        gc.collect()
+    assert not [w for w in caught if "Unclosed" in str(w.message)]
+
+
 async def test_no_isolation_warns_once_per_backend(local_root: Path) -> None:
     from orchard.errors import UnisolatedWarning
 

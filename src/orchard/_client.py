@@ -100,13 +100,13 @@ class Client:
         }
 
     async def __aenter__(self) -> Client:
-        self._ensure_open()
+        await self._ensure_open()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         await asyncio.shield(self.aclose())
 
-    def _ensure_open(self) -> tuple[Backend, aiohttp.ClientSession]:
+    async def _ensure_open(self) -> tuple[Backend, aiohttp.ClientSession]:
         if self._closed:
             raise SandboxClosed("this Client is closed")
         if self._http is None:
@@ -116,7 +116,13 @@ class Client:
                 auto_decompress=False,
             )
         if self._backend is None:
-            self._backend = build_backend(self.config, session_id=self.session_id, http=self._http)
+            try:
+                self._backend = build_backend(self.config, session_id=self.session_id, http=self._http)
+            except BaseException:
+                if self._owns_http:  # a backend that cannot be built leaves no session open behind it
+                    http, self._http = self._http, None
+                    await http.close()
+                raise
             for pool in self._pools.values():
                 pool.open()
         return self._backend, self._http
@@ -127,7 +133,7 @@ class Client:
 
     async def wait_warm(self, timeout: float = 300.0) -> None:
         """Return once every warm pool is full; ``SandboxTimeout`` (with the last start's error) if not in time."""
-        self._ensure_open()
+        await self._ensure_open()
         await _warm.wait_full(self._pools, timeout)
 
     async def create(
@@ -209,7 +215,7 @@ class Client:
         return sb
 
     async def _start(self, image: str, spec: dict[str, Any], sandbox_id: str) -> Sandbox:
-        self._ensure_open()
+        await self._ensure_open()
         sandbox_spec = make_spec(image, spec)
         pool = self._pools.get(sandbox_spec.image)
         if pool is not None and pool.spec == sandbox_spec:
@@ -226,7 +232,7 @@ class Client:
 
     async def _claim_shared(self, sandbox_spec: SandboxSpec) -> Sandbox | None:
         """A sandbox claimed from the shared kubernetes pool ``config.pool``, or None to start one cold."""
-        backend, http = self._ensure_open()
+        backend, http = await self._ensure_open()
         token = secrets.token_urlsafe(32)
         t0 = time.monotonic()
         claimed = await backend.claim(sandbox_spec, token_sha256=hashlib.sha256(token.encode()).hexdigest())  # type: ignore[attr-defined]
@@ -237,7 +243,7 @@ class Client:
         return await self._open(backend, http, instance, instance.name, token, sandbox_spec, fingerprint, timings)
 
     async def _start_cold(self, sandbox_spec: SandboxSpec, sandbox_id: str | None = None) -> Sandbox:
-        backend, http = self._ensure_open()
+        backend, http = await self._ensure_open()
         sandbox_id = sandbox_id or f"sb-{self.session_id}-{secrets.token_hex(4)}"
         if sandbox_spec.tools and not backend.tools:
             raise ConfigError(
@@ -360,7 +366,7 @@ class Client:
         return await recorder.record_create(self._attach(handle, owner, timeout), fields, "sandbox_attach")
 
     async def _attach(self, handle: str, owner: bool, timeout: float) -> Sandbox:
-        backend, http = self._ensure_open()
+        backend, http = await self._ensure_open()
         fields = _handle.parse(handle)
         if fields.backend != backend.name:
             raise InvalidHandle(
