@@ -297,3 +297,22 @@ async def roll_out_toys(client: orchard.Client, out: str | os.PathLike[str], con
     expected = {t.id: sum(policy.chooses_right(t, a) for a in range(TOY_ATTEMPTS)) / TOY_ATTEMPTS for t in toys}
     assert results.pass_rate == expected
     return f"{len(toys)} toy tasks x {TOY_ATTEMPTS} attempts, concurrency {concurrency}: {elapsed:.1f} s; {expected}"
+
+
+def executor_host_pids(token_sha256: str) -> list[int]:
+    """Host pids of the executor whose token hash this is (a container's PID 1, as the host sees it)."""
+    needle = f"ORCHARD_EXECUTOR_TOKEN_SHA256={token_sha256}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                if b"orchard_executor" not in f.read():
+                    continue
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if needle in f.read().split(b"\0"):
+                    found.append(int(entry))
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+    return found

@@ -227,8 +227,12 @@ async def serve(args: argparse.Namespace) -> str:
     accepting = listener.Listener(sock, runner.server, listener.connection_cap(raise_fd_limit()), tls)
     accepting.start()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, state.stop, signal.Signals(sig).name)
+    if os.getpid() != 1:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, state.stop, signal.Signals(sig).name)
+    # As a container's PID 1 it handles neither: the kernel then drops them when the sandbox's own commands
+    # send them (`kill 1`), so code in the sandbox cannot end it and have its attempt pass for an
+    # infrastructure fault. Its runtime still ends it, by SIGKILL (at once, or after the grace period).
     watchers = []
     if args.exit_with_stdin:
         stdin_closed = asyncio.Event()
@@ -264,6 +268,10 @@ def main(argv: list[str] | None = None) -> None:
     _setup_logging()
     parent = os.getppid()
     reason = ""
+    if os.getpid() == 1:
+        # Python's own SIGINT handler (KeyboardInterrupt) would let the sandbox's `kill -INT 1` through; with
+        # the default action the kernel drops it, and asyncio.run then installs none (see serve()).
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
     try:
         reason = asyncio.run(serve(args))
         print(f"orchard-executor: stopped: {reason}", file=sys.stderr)

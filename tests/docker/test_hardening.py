@@ -83,6 +83,18 @@ async def test_root_has_only_the_documented_capabilities(sandbox: SandboxFactory
     assert "PermissionError" in r.stderr
 
 
+#: What code in a sandbox would send its executor (PID 1) to end the sandbox and pass its attempt for an infra fault.
+SIGNALS = "TERM INT HUP QUIT USR1 USR2 ALRM KILL STOP"
+
+
+async def test_code_in_the_sandbox_cannot_signal_its_executor(sandbox: SandboxFactory) -> None:
+    sb = await sandbox(SWE)
+    r = await sb.exec(f"for s in {SIGNALS}; do kill -$s 1; done; sleep 1; echo alive")
+    assert r.stdout == "alive\n"
+    assert (await sb.exec(["true"])).exit_code == 0
+    assert (await sb.info()).pid == 1
+
+
 async def test_no_new_privileges_a_setuid_binary_gains_nothing(sandbox: SandboxFactory) -> None:
     sb = await sandbox(SWE)
     status = (await sb.exec(["cat", "/proc/self/status"])).stdout

@@ -136,6 +136,17 @@ async def test_baseline_admits_the_default_root_sandbox_which_keeps_only_harmles
         assert pod.spec.init_containers[0].security_context.run_as_user == 65532
 
 
+async def test_code_in_the_sandbox_cannot_signal_its_executor(kubeconfig: str, k8s_namespace: str) -> None:
+    """`kill 1` from a command would end the sandbox, and a rollout would count its attempt an infra fault."""
+    async with orchard.Client(config(kubeconfig, k8s_namespace)) as client, client.sandbox(BUSYBOX) as sb:
+        r = await sb.exec(
+            "for s in TERM INT HUP QUIT USR1 USR2 ALRM KILL STOP; do kill -$s 1; done; sleep 1; echo alive"
+        )
+        assert r.stdout == "alive\n"
+        assert (await sb.exec(["true"])).exit_code == 0
+        assert (await sb.info()).pid == 1
+
+
 async def until_lost(sb: orchard.Sandbox) -> None:
     """Keep running commands until the sandbox is lost (raises SandboxLost) or about 90 s pass."""
     for _ in range(90):  # the kubelet measures disk use every 10 s or so
