@@ -118,6 +118,14 @@ def pool_secret(namespace: str, pool: str) -> dict[str, Any]:
     }
 
 
+async def read_key(backend: Any, pool: str) -> str:
+    """The pool's key from its Secret (``ApiException`` if it cannot be read; ``KeyError`` if it holds none)."""
+    resp = await backend._call("get", backend._core.read_namespaced_secret, secret_name(pool), backend.config.namespace)
+    async with resp:
+        data = msgspec.json.decode(await resp.read())["data"]
+    return base64.b64decode(data[SECRET_KEY]).decode()
+
+
 def _now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
@@ -252,7 +260,7 @@ class Keeper:
         ns = self.config.namespace
         try:
             try:
-                resp = await backend._call("get", backend._core.read_namespaced_secret, secret_name(self.pool), ns)
+                return await read_key(backend, self.pool)
             except ApiException as exc:
                 if exc.status != 404:
                     raise
@@ -261,9 +269,7 @@ class Keeper:
                         "create", backend._core.create_namespaced_secret, ns, pool_secret(ns, self.pool)
                     )
                     resp.release()
-                resp = await backend._call("get", backend._core.read_namespaced_secret, secret_name(self.pool), ns)
-            data = msgspec.json.decode(await resp.read())["data"]
-            return base64.b64decode(data[SECRET_KEY]).decode()
+                return await read_key(backend, self.pool)
         except ApiException as exc:
             raise ConfigError(
                 f"pool {self.pool}: cannot read or write the Secret {secret_name(self.pool)} in namespace {ns} "

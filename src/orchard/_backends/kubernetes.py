@@ -9,7 +9,6 @@ and files go straight to the executor at the pod IP.
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import copy
 import datetime
@@ -588,7 +587,7 @@ class KubernetesBackend:
                 why = f"HTTP {exc.status}" if isinstance(exc, aiohttp.ClientResponseError) else type(exc).__name__
                 log.info("pool %s: claimed %s but could not re-key it (%s); trying the next", pool, name, why)
                 if isinstance(exc, aiohttp.ClientResponseError) and exc.status == 401:
-                    self._pool_key = key = await self._read_pool_key(again=True)
+                    key = await self._read_pool_key(again=True)
                     if key is None:
                         return None
                 continue
@@ -606,10 +605,7 @@ class KubernetesBackend:
         assert self.config.pool is not None
         name = k8s_pool.secret_name(self.config.pool)
         try:
-            resp = await self._call("get", self._core.read_namespaced_secret, name, self.config.namespace)
-            async with resp:
-                data = msgspec.json.decode(await resp.read())["data"]
-            self._pool_key = base64.b64decode(data[k8s_pool.SECRET_KEY]).decode()
+            self._pool_key = await k8s_pool.read_key(self, self.config.pool)
         except (ApiException, KeyError, ValueError) as exc:
             if self._pool_key is None and self._pool_warned:  # said once; a keeper may write it later
                 return None
