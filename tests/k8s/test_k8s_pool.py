@@ -327,3 +327,19 @@ async def test_a_pool_whose_image_cannot_start_backs_off_and_claims_fail_as_cold
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+# No key at all; a key that is not text.
+@pytest.mark.parametrize("data", [{"other": "eA=="}, {"key": "//4="}])
+async def test_a_malformed_pool_secret_is_a_typed_error_for_the_keeper_and_a_cold_start_for_claims(
+    k8s_api: ApiClient, k8s_namespace: str, kubeconfig: str, data: dict[str, str]
+) -> None:
+    await k8s.CoreV1Api(k8s_api).create_namespaced_secret(
+        k8s_namespace, k8s.V1Secret(metadata=k8s.V1ObjectMeta(name=k8s_pool.secret_name("mal")), data=data)
+    )
+    keep = k8s_pool.Keeper(config(kubeconfig, k8s_namespace), "mal", make_spec(BUSYBOX, {}), 1)
+    with pytest.raises(orchard.errors.ConfigError, match="holds no valid 'key'"):
+        await asyncio.wait_for(keep.run(), 60)
+    async with orchard.Client(config(kubeconfig, k8s_namespace, pool="mal")) as client:
+        async with client.sandbox(BUSYBOX) as sb:
+            assert "claim" not in sb.timings

@@ -270,6 +270,12 @@ class Keeper:
                     )
                     resp.release()
                 return await read_key(backend, self.pool)
+        except (KeyError, ValueError) as exc:  # the Secret is there, but holds no key of ours
+            raise ConfigError(
+                f"pool {self.pool}: the Secret {secret_name(self.pool)} in namespace {ns} holds no valid "
+                f"'{SECRET_KEY}' ({type(exc).__name__}): delete it, and `orchard k8s setup -n {ns} --pool "
+                f"{self.pool}` writes a new one"
+            ) from exc
         except ApiException as exc:
             raise ConfigError(
                 f"pool {self.pool}: cannot read or write the Secret {secret_name(self.pool)} in namespace {ns} "
