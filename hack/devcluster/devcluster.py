@@ -11,16 +11,17 @@ Usage::
 
 What ``up`` does:
 
-* installs the Debian packages it needs (containerd, runc, CNI plugins,
-  iptables, ipset, openssl, busybox-static, docker.io) without starting their services;
+* installs the Debian packages it needs (runc, CNI plugins, iptables, ipset,
+  openssl, busybox-static, docker.io and its containerd) without starting their services;
 * builds kube-apiserver, kube-scheduler, kube-controller-manager, kubelet and
   kubectl of one pinned Kubernetes (``K8S_VERSION``) from the ``k8s.io/kubernetes``
   Go module into ``/var/cache/orchard/k8s/<version>/bin`` (reused while the
   version, the Go toolchain and the recipe are unchanged), and etcd (``ETCD_VERSION``)
-  and kube-router (``KUBE_ROUTER_VERSION``) from the Go module proxy into
-  ``/var/cache/orchard/k8s/etcd-<version>`` and ``kube-router-<version>``;
-* starts etcd, the control plane, a private containerd (own socket, root and
-  state dirs, so it never touches dockerd's containerd), a CNI bridge network
+  kube-router (``KUBE_ROUTER_VERSION``) and containerd 2 (``CONTAINERD_VERSION``,
+  for image volumes) from the Go module proxy into ``/var/cache/orchard/k8s/etcd-<version>``,
+  ``kube-router-<version>`` and ``containerd-<version>``;
+* starts etcd, the control plane (with the ImageVolume gate), a private containerd
+  (own socket, root and state dirs, so it never touches dockerd's), a CNI bridge network
   and the kubelet, writes a kubeconfig and waits until the node is Ready, then
   starts kube-router's NetworkPolicy controller (alone: no routing, no service
   proxy) and waits for its first sync;
@@ -109,7 +110,7 @@ PORTS = {
     10259: "kube-scheduler",
 }
 
-PAUSE_IMAGE = "registry.k8s.io/pause:3.6"  # containerd 1.6's default sandbox image
+PAUSE_IMAGE = "registry.k8s.io/pause:3.6"  # the sandbox image containerd.toml names (built locally)
 HTTPD_IMAGE = "orchard.local/devcluster/httpd:1"  # busybox httpd serving /www on :8080
 
 # scripts/docker-setup.sh builds these (injector: orchard-executor:latest and :VERSION; task images
@@ -144,7 +145,7 @@ KUBELET_ROOT = STATE / "kubelet"
 CNI_CONF_DIR = STATE / "cni" / "net.d"
 CNI_IPAM_DIR = STATE / "cni" / "ipam"
 CNI_BIN_DIR = Path("/usr/lib/cni")
-CNI_CACHE_RESULTS = Path("/var/lib/cni/results")  # libcni's default cache dir, used by containerd 1.6
+CNI_CACHE_RESULTS = Path("/var/lib/cni/results")  # libcni's default cache dir, which containerd uses
 CONTAINER_LOG_LINKS = Path("/var/log/containers")  # hard-coded in the kubelet
 KUBELET_DEVICE_PLUGINS = Path("/var/lib/kubelet/device-plugins")  # hard-coded in the kubelet, whatever --root-dir
 RUNC_ROOT = RUN / "runc"  # runc state; the shim's default would be /run/containerd/runc
@@ -316,6 +317,13 @@ ETCD_VERSION = os.environ.get("ORCHARD_ETCD_VERSION", "v3.6.16")
 # The newest kube-router the module proxy serves here; its go.mod (go 1.21) builds with newer toolchains.
 KUBE_ROUTER_VERSION = os.environ.get("ORCHARD_KUBE_ROUTER_VERSION", "v2.1.0")
 KUBE_ROUTER_MODULE = "github.com/cloudnativelabs/kube-router/v2"
+# containerd 2 for its CRI's image volumes (KEP-4639), which Debian's 1.6 lacks; 2.2 still runs on cgroup v1
+# (deprecated, supported on a maintained branch until 2029). Its go.mod has no replace directives.
+CONTAINERD_VERSION = os.environ.get("ORCHARD_CONTAINERD_VERSION", "v2.2.9")
+CONTAINERD_MODULE = "github.com/containerd/containerd/v2"
+CONTAINERD_BINARIES = ["containerd", "containerd-shim-runc-v2", "ctr"]
+# Beta and off by default in 1.34: image volumes need the gate on the API server and the kubelet.
+FEATURE_GATES = "ImageVolume=true"
 
 
 def bin_dir() -> Path:
@@ -480,6 +488,34 @@ def build_kube_router() -> None:
         (gobin / "kube-router").rename(out)
         gobin.rmdir()
         log(f"built kube-router {KUBE_ROUTER_VERSION} in {time.monotonic() - t0:.0f}s")
+
+
+def containerd_dir() -> Path:
+    """Where the containerd of the pinned version lives (containerd, its runc shim and ctr)."""
+    return CACHE / f"containerd-{CONTAINERD_VERSION}"
+
+
+def build_containerd() -> None:
+    """Build the pinned containerd from the Go module proxy into the cache unless already there (~3 min cold)."""
+    out = containerd_dir()
+    if all((out / b).exists() for b in CONTAINERD_BINARIES):
+        return
+    with locked(CACHE / ".build.lock"):
+        t0 = time.monotonic()
+        log(f"building containerd {CONTAINERD_VERSION} into {out}")
+        gobin = out / ".gobin"
+        gobin.mkdir(parents=True, exist_ok=True)
+        # Static, without the snapshotters that need cgo or kernel features these nodes do not use (overlayfs is in).
+        env = dict(go_env(), GOBIN=str(gobin), GOFLAGS="-trimpath -buildvcs=false")
+        version = f"{CONTAINERD_MODULE}/version"
+        ldflags = f"-s -w -X {version}.Version={CONTAINERD_VERSION} -X {version}.Package={CONTAINERD_MODULE}"
+        pkgs = [f"{CONTAINERD_MODULE}/cmd/{b}@{CONTAINERD_VERSION}" for b in CONTAINERD_BINARIES]
+        tags = "no_btrfs no_devmapper no_zfs"
+        run(["nice", "-n", "10", "go", "install", "-tags", tags, "-ldflags", ldflags, *pkgs], env=env, cwd=out)
+        for b in CONTAINERD_BINARIES:
+            (gobin / b).rename(out / b)
+        gobin.rmdir()
+        log(f"built containerd {CONTAINERD_VERSION} in {time.monotonic() - t0:.0f}s")
 
 
 # --------------------------------------------------------------------------- processes
@@ -837,6 +873,7 @@ def write_configs(node_ip: str) -> None:
             {
                 "apiVersion": "kubelet.config.k8s.io/v1beta1",
                 "kind": "KubeletConfiguration",
+                "featureGates": {k: v == "true" for k, v in (g.split("=") for g in FEATURE_GATES.split(","))},
                 "address": node_ip,
                 "port": KUBELET_PORT,
                 "readOnlyPort": 0,
@@ -1003,7 +1040,8 @@ def ctr(
     *args: str, input: bytes | None = None, check: bool = True, quiet: bool = False
 ) -> subprocess.CompletedProcess[bytes]:
     """Run ctr against the cluster's private containerd, namespace k8s.io."""
-    cmd = ["ctr", "--address", str(CONTAINERD_SOCK), "--namespace", "k8s.io", *args]
+    own = containerd_dir() / "ctr"  # Debian's (docker.io's dependency) only to tear down a cluster built before
+    cmd = [str(own) if own.exists() else "ctr", "--address", str(CONTAINERD_SOCK), "--namespace", "k8s.io", *args]
     return run(cmd, input=input, check=check, quiet=quiet)
 
 
@@ -1169,6 +1207,7 @@ def _up(skip_docker_images: bool) -> None:
     build()
     build_etcd()
     build_kube_router()
+    build_containerd()
     bins = bin_dir()
 
     for d in (STATE, RUN, LOGS, PIDS):
@@ -1239,6 +1278,7 @@ def _up(skip_docker_images: bool) -> None:
             "--max-requests-inflight=1000",
             "--max-mutating-requests-inflight=500",
             "--endpoint-reconciler-type=none",
+            f"--feature-gates={FEATURE_GATES}",
             "--v=1",
         ],
     )
@@ -1277,7 +1317,10 @@ def _up(skip_docker_images: bool) -> None:
         ],
     )
 
-    start("containerd", ["containerd", "--config", str(STATE / "containerd.toml"), "--log-level", "warn"])
+    # The shim beside it first on PATH: containerd starts `containerd-shim-runc-v2` by name.
+    containerd_env = dict(COMPONENT_ENV, PATH=f"{containerd_dir()}:{COMPONENT_ENV['PATH']}")
+    containerd_cmd = [str(containerd_dir() / "containerd"), "--config", str(STATE / "containerd.toml")]
+    start("containerd", [*containerd_cmd, "--log-level", "warn"], env=containerd_env)
     wait_for("containerd socket", lambda: ctr("version", check=False, quiet=True).returncode == 0, 60, "containerd")
     build_local_images()
 
@@ -1612,6 +1655,7 @@ def main(argv: list[str] | None = None) -> int:
             build(args.force)
             build_etcd()
             build_kube_router()
+            build_containerd()
     except ClusterError as e:
         print(f"devcluster {args.cmd} FAILED: {e}", file=sys.stderr)
         if e.component:
