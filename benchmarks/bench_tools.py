@@ -44,7 +44,7 @@ async def start(client: orchard.Client, tools: list[str]) -> float:
 
 async def fill_from_empty(client: orchard.Client) -> float | None:
     """Seconds to fill the tools volume from nothing (the first tools sandbox on a host pays it)."""
-    backend = client._ensure_open()[0]
+    backend = (await client._ensure_open())[0]
     assert isinstance(backend, docker.DockerBackend)
     image_id = await backend._engine.image_id(backend.config.tools_image)
     assert image_id is not None, "orchard-tools:latest is missing: run scripts/docker-setup.sh"
