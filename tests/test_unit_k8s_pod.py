@@ -28,7 +28,15 @@ from orchard.errors import ConfigError
 pytestmark = pytest.mark.unit
 
 TOKEN_HASH = "ab" * 32
-POD_OPTIONS = ("run_as_user", "cap_add", "ephemeral_storage", "runtime_volume_limit", "user_namespaces", "tls_pem")
+POD_OPTIONS = (
+    "run_as_user",
+    "cap_add",
+    "ephemeral_storage",
+    "runtime_volume_limit",
+    "user_namespaces",
+    "tls_pem",
+    "image_volumes",
+)
 
 
 def build(**options: Any) -> dict[str, Any]:
@@ -79,6 +87,29 @@ def test_injection_and_launcher() -> None:
     assert container["command"] == ["/.orchard/run"]
     assert "--port=8750" in container["args"]
     assert container["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": 8750, "scheme": "HTTP"}
+
+
+def test_image_volumes_mount_the_runtime_and_tools_from_the_images_with_no_init_container() -> None:
+    spec = build(image_volumes=True, tools=["codex"])["spec"]
+    assert "initContainers" not in spec
+    (container,) = spec["containers"]
+    runtime, tools = spec["volumes"]
+    assert runtime["image"] == {"reference": "orchard-executor:test", "pullPolicy": "IfNotPresent"}
+    assert tools["image"] == {"reference": "orchard-tools:latest", "pullPolicy": "IfNotPresent"}
+    # The runtime lands where the launcher looks for it (MOUNT/runtime), read-only, as the copy did.
+    assert container["volumeMounts"] == [
+        {"name": runtime["name"], "mountPath": "/.orchard/runtime", "subPath": "orchard", "readOnly": True},
+        {"name": tools["name"], "mountPath": "/.orchard-tools/bundle", "subPath": "bundle", "readOnly": True},
+    ]
+    assert container["command"] == ["/.orchard/run"]
+    # Without tools, only the runtime's image.
+    assert [v["image"]["reference"] for v in build(image_volumes=True)["spec"]["volumes"]] == ["orchard-executor:test"]
+
+
+def test_the_injection_option_is_checked() -> None:
+    assert KubernetesConfig().injection == "auto"
+    with pytest.raises(ConfigError, match="injection"):
+        make_config("kubernetes", {"injection": "copy"})
 
 
 def test_a_tls_executor_gets_its_identity_and_an_https_probe() -> None:

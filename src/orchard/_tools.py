@@ -17,6 +17,8 @@ from .errors import ConfigError
 ROOT = "/.orchard-tools"
 #: The bundle itself, inside ROOT: the path its launchers and runtimes were built for.
 BUNDLE = f"{ROOT}/bundle"
+#: The bundle inside the tools image (mounted straight from it where the cluster has image volumes).
+BUNDLE_IN_IMAGE = "/bundle"
 #: The harnesses the bundle holds (images/tools/build_tools.py: HARNESSES, PY_HARNESSES), with their versions
 #: in BUNDLE/VERSIONS.
 KNOWN = ("codex", "claude", "opencode", "pi", "openclaw", "mini", "hermes")

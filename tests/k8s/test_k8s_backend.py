@@ -123,12 +123,16 @@ async def test_unschedulable_fails_with_the_reason(kclient: orchard.Client) -> N
     assert info.value.reason == "Unschedulable"
 
 
-async def test_init_failure_names_the_injector(kubeconfig: str, k8s_namespace: str) -> None:
-    # An "injector" image that is not one: its install command does not exist.
-    async with orchard.Client(config(kubeconfig, k8s_namespace, injector_image=BUSYBOX)) as c:
+@pytest.mark.parametrize("injection", ["init-container", "auto"])
+async def test_init_failure_names_the_injector(kubeconfig: str, k8s_namespace: str, injection: str) -> None:
+    # An "injector" image that is not one: its install command does not exist (and, under "auto", it has no
+    # runtime to mount either, so the image volume fails first and the init container is tried after it).
+    cfg = config(kubeconfig, k8s_namespace, injector_image=BUSYBOX, injection=injection)
+    async with orchard.Client(cfg) as c:
         with pytest.raises(SandboxStartError) as info:
             await c.create(BUSYBOX)
-    assert "injector" in str(info.value) or info.value.reason in ("InitFailed", "StartError", "RunContainerError")
+    assert "injector init container" in str(info.value)
+    assert info.value.reason in ("InitFailed", "StartError", "RunContainerError")
 
 
 async def until_lost(sb: orchard.Sandbox) -> None:

@@ -49,11 +49,13 @@ def status_fields(text: str) -> dict[str, str]:
     return dict(line.split(":\t", 1) for line in text.splitlines() if ":\t" in line)
 
 
+@pytest.mark.parametrize("injection", ["image-volume", "init-container"])
 async def test_restricted_namespace_admits_the_non_root_sandbox(
-    kubeconfig: str, k8s_namespace: str, k8s_api: ApiClient
+    kubeconfig: str, k8s_namespace: str, k8s_api: ApiClient, injection: str
 ) -> None:
     await enforce(k8s_api, k8s_namespace, "restricted")
-    async with orchard.Client(config(kubeconfig, k8s_namespace, run_as_user=1000)) as c, c.sandbox(BUSYBOX) as sb:
+    cfg = config(kubeconfig, k8s_namespace, run_as_user=1000, injection=injection)
+    async with orchard.Client(cfg) as c, c.sandbox(BUSYBOX) as sb:
         r = await sb.exec("id -u; id -g")
         assert (r.exit_code, r.stdout) == (0, "1000\n1000\n")
         await sb.write_file("/tmp/mine.txt", "written as 1000")
@@ -61,8 +63,10 @@ async def test_restricted_namespace_admits_the_non_root_sandbox(
         status = status_fields((await sb.exec(["cat", "/proc/self/status"])).stdout)
         assert status["CapEff"] == status["CapPrm"] == "0000000000000000"
         assert (status["NoNewPrivs"], status["Seccomp"]) == ("1", "2")
-        # The init container (non-root, read-only root) still filled the runtime volume.
-        assert (await sb.exec(["stat", "-c", "%u", "/.orchard/runtime"])).stdout == "65532\n"
+        # The init container (non-root, read-only root) still filled the runtime volume; an image volume is
+        # the image's own files (root's), mounted read-only.
+        owner = "65532" if injection == "init-container" else "0"
+        assert (await sb.exec(["stat", "-c", "%u", "/.orchard/runtime"])).stdout == f"{owner}\n"
 
 
 async def test_restricted_namespace_refuses_the_root_pod_with_a_typed_error(
@@ -133,7 +137,9 @@ async def test_baseline_admits_the_default_root_sandbox_which_keeps_only_harmles
             assert not bounding >> CAPS[name] & 1, f"{name} is in the bounding set: {status['CapBnd']}"
         assert (status["NoNewPrivs"], status["Seccomp"]) == ("1", "2")
         pod = await k8s.CoreV1Api(k8s_api).read_namespaced_pod(sb.id, k8s_namespace)
-        assert pod.spec.init_containers[0].security_context.run_as_user == 65532
+        # The runtime is mounted from the injector image: no init container runs at all.
+        assert not pod.spec.init_containers
+        assert pod.spec.volumes[0].image.reference == "orchard-executor:latest"
 
 
 async def test_code_in_the_sandbox_cannot_signal_its_executor(kubeconfig: str, k8s_namespace: str) -> None:

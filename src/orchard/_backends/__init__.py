@@ -44,6 +44,13 @@ class KubernetesConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown
     #: The harness tools image (images/tools); a second init container copies the harnesses a
     #: sandbox's ``tools=[...]`` chose from it.
     tools_image: str = "orchard-tools:latest"
+    #: How the executor runtime (and the harnesses of ``tools=[...]``) get into a pod. "image-volume": mounted
+    #: read-only from the node's copy of the injector and tools images (Kubernetes' ImageVolume: 1.33+ with its
+    #: gate, on by default from 1.35, and a runtime that has it: containerd 2.1+, CRI-O 1.31+).
+    #: "init-container": init containers copy them into emptyDirs (any cluster; about a second more per start).
+    #: "auto": image volumes where the API server accepts them (a dry-run create, once), falling back to the copy
+    #: for good when they do not (refused, or the first pod with them failing to start its container).
+    injection: Literal["auto", "image-volume", "init-container"] = "auto"
     #: Port the executor listens on inside the pod.
     executor_port: int = 8750
     #: "direct" to the pod IP, "port-forward" through the API server (for clients
@@ -67,7 +74,7 @@ class KubernetesConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown
     #: ``hostUsers: false``: root in the pod is an unprivileged uid on the node.
     #: Needs Kubernetes >= 1.33 (or the gate) and a runtime that supports it
     #: (containerd >= 2.0, CRI-O >= 1.25, kernel >= 6.3); pods fail to start
-    #: elsewhere, e.g. on the dev cluster's containerd 1.6.
+    #: elsewhere, e.g. on the dev cluster (containerd 2.2 on cgroup v1).
     user_namespaces: bool = False
     #: A shared warm pool (kept by ``orchard pool keep NAME``) to claim sandboxes from: a sandbox of the pool's
     #: image and spec is claimed from it when one is ready, and started cold otherwise.

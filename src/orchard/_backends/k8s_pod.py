@@ -73,6 +73,7 @@ FATAL_WAITING = frozenset(
 
 class _Meta(msgspec.Struct, rename="camel", frozen=True):
     name: str = ""
+    uid: str = ""
     resource_version: str = ""
     labels: dict[str, str] = {}
     annotations: dict[str, str] = {}
@@ -300,6 +301,8 @@ def pod_manifest(
     user_namespaces: bool = False,
     tls_pem: str | None = None,
     tools_image: str = "orchard-tools:latest",
+    image_volumes: bool = False,
+    runtime_subpath: str = "orchard",
 ) -> dict[str, Any]:
     """The Pod for one sandbox.
 
@@ -313,6 +316,12 @@ def pod_manifest(
     container copies the chosen harnesses (and the runtimes they need) from
     ``tools_image`` into an emptyDir, mounted read-only at ``_tools.ROOT``,
     and the executor appends their ``bin`` directories to PATH.
+
+    With ``image_volumes`` (Kubernetes' ImageVolume: 1.33+ with the gate, and a
+    runtime that has it, e.g. containerd 2.1+), no init container copies
+    anything: the injector image's ``runtime_subpath`` directory is mounted
+    read-only as ``bundle_path``/runtime, and the tools image's bundle as
+    ``_tools.BUNDLE``, straight from the node's image store.
 
     Always: seccomp RuntimeDefault, no privilege escalation, every capability
     dropped but ``DEFAULT_CAPABILITIES`` plus ``cap_add`` (none at all with
@@ -362,7 +371,14 @@ def pod_manifest(
         },
         "volumeMounts": [{"name": BUNDLE_VOLUME, "mountPath": bundle_path, "readOnly": True}],
     }
-    if spec.tools:
+    if image_volumes:
+        container["volumeMounts"] = [
+            {"name": BUNDLE_VOLUME, "mountPath": f"{bundle_path}/runtime", "subPath": runtime_subpath, "readOnly": True}
+        ]
+    if spec.tools and image_volumes:
+        tools_mount = {"mountPath": _tools.BUNDLE, "subPath": _tools.BUNDLE_IN_IMAGE.lstrip("/")}
+        container["volumeMounts"].append({"name": TOOLS_VOLUME, **tools_mount, "readOnly": True})
+    elif spec.tools:
         container["volumeMounts"].append({"name": TOOLS_VOLUME, "mountPath": _tools.ROOT, "readOnly": True})
     if spec.workdir:
         container["workingDir"] = spec.workdir
@@ -418,6 +434,13 @@ def pod_manifest(
             }
         )
         pod_spec["volumes"].append({"name": TOOLS_VOLUME, "emptyDir": {}})
+    if image_volumes:
+        # The node's copy of each image, mounted read-only in place of the init containers and their emptyDirs.
+        del pod_spec["initContainers"]
+        pull = spec.image_pull_policy
+        pod_spec["volumes"] = [{"name": BUNDLE_VOLUME, "image": {"reference": injector_image, "pullPolicy": pull}}]
+        if spec.tools:
+            pod_spec["volumes"].append({"name": TOOLS_VOLUME, "image": {"reference": tools_image, "pullPolicy": pull}})
     if user_namespaces:
         pod_spec["hostUsers"] = False
     if spec.ttl is not None:

@@ -54,6 +54,11 @@ log = logging.getLogger("orchard.kubernetes")
 
 _EVENT = msgspec.json.Decoder(WatchEvent)
 _POD = msgspec.json.Decoder(Pod)
+#: Start failures of a sandbox container that could not be made or started (as where the runtime has no image
+#: volumes: the mount fails, or nothing is mounted and the launcher is missing).
+_CONTAINER_FAULTS = frozenset(
+    {"CreateContainerError", "CreateContainerConfigError", "RunContainerError", "StartError", "ContainerCannotRun"}
+)
 _POD_LIST = msgspec.json.Decoder(PodList)
 
 
@@ -110,6 +115,10 @@ class _Tracked:
         self.failed: asyncio.Future[Phase] = loop.create_future()
         #: Whether the start's phases are timed (not for a pod claimed from a pool, started long before).
         self.timed = True
+        #: The pod's uid, once created (None: not known, e.g. a create retried after it had gone through).
+        self.uid: str | None = None
+        #: The uid of an earlier pod of this name, deleted, whose last events the watch may still bring.
+        self.stale_uid: str | None = None
 
     def mark(self, phase: str) -> None:
         self.timings.setdefault(phase, time.monotonic() - self.t0)
@@ -217,8 +226,14 @@ class KubernetesBackend:
         self._lock = asyncio.Lock()
         #: API requests made, by verb (create, delete, list, watch).
         self.api_requests: dict[str, int] = {
-            "create": 0, "delete": 0, "list": 0, "watch": 0, "lease": 0, "get": 0, "patch": 0
+            "create": 0, "delete": 0, "list": 0, "watch": 0, "lease": 0, "get": 0, "patch": 0, "dry-run": 0
         }  # fmt: skip
+        #: Whether pods mount the runtime as image volumes (``config.injection``; None: not yet asked, for "auto").
+        self.image_volumes: bool | None = None if config.injection == "auto" else config.injection == "image-volume"
+        self._image_volumes_probe: asyncio.Task[bool | None] | None = None
+        #: Whether a pod with image volumes has started here (after that, "auto" no longer falls back).
+        self._image_volumes_work = config.injection == "image-volume"
+        self._runtime_subpath = bundle.IMAGE_RUNTIME.lstrip("/")
         #: A pool keeper's: takes a contested Lease (instead of creating the session's own) and returns its owner
         #: reference; renewals then check ``holder`` still holds it, and set ``lost`` when another does.
         self.elect: Callable[[KubernetesBackend], Awaitable[dict[str, str]]] | None = None
@@ -396,12 +411,12 @@ class KubernetesBackend:
 
     def _observe(self, pod: Pod) -> None:
         tracked = self._tracked.get(pod.metadata.name)
-        if tracked is not None:
+        if tracked is not None and pod.metadata.uid != tracked.stale_uid:
             tracked.update(classify(pod))
 
     def _gone(self, pod: Pod) -> None:
         tracked = self._tracked.get(pod.metadata.name)
-        if tracked is not None:
+        if tracked is not None and pod.metadata.uid != tracked.stale_uid:
             tracked.update(Phase("failed", "Deleted", "the pod was deleted"))
 
     async def start(
@@ -411,7 +426,29 @@ class KubernetesBackend:
         await self._connect()
         assert self._watch_ready is not None
         await self._watch_ready.wait()
-        manifest = pod_manifest(
+        image_volumes = await self._use_image_volumes(spec, sandbox_id, token_sha256)
+        tracked = _Tracked(sandbox_id)
+        try:
+            return await self._start(spec, tracked, token_sha256, tls, image_volumes=image_volumes)
+        except SandboxStartError as exc:
+            if not (image_volumes and self._image_volumes_failed(exc)):
+                raise self._name_the_volume(exc, spec) if image_volumes else exc from None
+            log.warning(
+                "sandbox %s: its container did not start with the runtime mounted as an image volume (%s); "
+                "using init containers from now on (KubernetesConfig.injection='init-container' says so up front)",
+                sandbox_id,
+                exc,
+            )
+            self.image_volumes = False
+            # The same name again (the first pod is gone: deleted with no grace period); its late events ignored.
+            retry = _Tracked(sandbox_id)
+            retry.t0, retry.stale_uid = tracked.t0, tracked.uid
+            return await self._start(spec, retry, token_sha256, tls, image_volumes=False)
+
+    def _manifest(
+        self, spec: SandboxSpec, sandbox_id: str, token_sha256: str, tls: Identity | None, *, image_volumes: bool
+    ) -> dict[str, Any]:
+        return pod_manifest(
             spec,
             name=sandbox_id,
             namespace=self.config.namespace,
@@ -426,15 +463,89 @@ class KubernetesBackend:
             owner=self._owner,
             tls_pem=tls.pem if tls is not None else None,
             tools_image=self.config.tools_image,
+            image_volumes=image_volumes,
+            runtime_subpath=self._runtime_subpath,
             **pod_options(self.config),
         )
+
+    async def _use_image_volumes(self, spec: SandboxSpec, sandbox_id: str, token_sha256: str) -> bool:
+        """Whether this start mounts the runtime as an image volume; for "auto", the API server is asked once."""
+        if self.image_volumes is None:
+            probe = self._image_volumes_probe
+            if probe is None:
+                manifest = self._manifest(spec, sandbox_id, token_sha256, None, image_volumes=True)
+                probe = self._image_volumes_probe = asyncio.create_task(self._dry_run(manifest))
+            try:
+                accepted = await asyncio.shield(probe)
+            except BaseException:
+                if self._image_volumes_probe is probe:  # a transient failure: the next start asks again
+                    self._image_volumes_probe = None
+                raise
+            if accepted is None:  # this pod is refused for another reason, which its create will report
+                if self._image_volumes_probe is probe:
+                    self._image_volumes_probe = None
+                return False
+            if self.image_volumes is None:
+                self.image_volumes = accepted
+        return self.image_volumes
+
+    async def _dry_run(self, manifest: dict[str, Any]) -> bool | None:
+        """Whether the API server accepts this pod (a dry-run create: validated, admitted, not stored).
+
+        An API server without the ImageVolume gate drops the volumes' ``image`` source and refuses the pod
+        as having a volume of no type (422); Pod Security "restricted" may refuse the volume type (403). A
+        refusal for anything else is the real create's to report: it does not depend on the volumes.
+        """
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        try:
+            resp = await self._call(
+                "dry-run", self._core.create_namespaced_pod, self.config.namespace, manifest, dry_run="All"
+            )
+            resp.release()
+        except ApiException as exc:
+            body = str(exc.body)
+            refused = (exc.status in (400, 422) and "volumes" in body) or (
+                exc.status == 403 and "restricted volume type" in body
+            )
+            if not refused:
+                if exc.status in (400, 403, 422):
+                    return None
+                raise
+            log.info("the API server refuses image volumes (%s): using init containers", _status_message(exc.body))
+            return False
+        return True
+
+    def _name_the_volume(self, exc: SandboxStartError, spec: SandboxSpec) -> SandboxStartError:
+        """``exc``, saying which image volume it is about where the kubelet's message only names an image."""
+        images = {self.config.injector_image: "the injector image, KubernetesConfig.injector_image,"}
+        if spec.tools:
+            images[self.config.tools_image] = "the tools image of tools=[...], KubernetesConfig.tools_image,"
+        message = str(exc)
+        which = [what for image, what in images.items() if f'"{image}"' in message]
+        if which:
+            message += f" ({which[0]} mounted as an image volume)"
+        return SandboxStartError(message, sandbox_id=exc.sandbox_id, reason=exc.reason)
+
+    def _image_volumes_failed(self, exc: SandboxStartError) -> bool:
+        """Whether "auto" should retry a failed start with init containers.
+
+        That is when the sandbox container could not be made or started before any pod with image volumes
+        has started here: a runtime without them.
+        """
+        return self.config.injection == "auto" and not self._image_volumes_work and exc.reason in _CONTAINER_FAULTS
+
+    async def _start(
+        self, spec: SandboxSpec, tracked: _Tracked, token_sha256: str, tls: Identity | None, *, image_volumes: bool
+    ) -> KubernetesInstance:
+        sandbox_id = tracked.name
+        manifest = self._manifest(spec, sandbox_id, token_sha256, tls, image_volumes=image_volumes)
         ssl = pin(tls.fingerprint if tls is not None else None)
         scheme = "http" if tls is None else "https"
-        tracked = _Tracked(sandbox_id)
         self._tracked[sandbox_id] = tracked
         forward: PortForward | None = None
         try:
-            await self._create(manifest)
+            tracked.uid = await self._create(manifest)
             tracked.mark("created")
             ip = await self._wait_running(tracked, spec.start_timeout)
             base_url, forward = await self._route(
@@ -446,6 +557,8 @@ class KubernetesBackend:
                 await forward.close()
             await asyncio.shield(self.delete_pod(sandbox_id))
             raise
+        if image_volumes:
+            self._image_volumes_work = True
         return KubernetesInstance(self, tracked, base_url, forward)
 
     async def _route(
@@ -648,16 +761,18 @@ class KubernetesBackend:
             await asyncio.sleep(0.05)
         return False
 
-    async def _create(self, manifest: dict[str, Any]) -> None:
+    async def _create(self, manifest: dict[str, Any]) -> str | None:
+        """Create the pod; its uid (None when a retried create had gone through)."""
         from kubernetes_asyncio.client.exceptions import ApiException
 
         name = manifest["metadata"]["name"]
         try:
             resp = await self._call("create", self._core.create_namespaced_pod, self.config.namespace, manifest)
-            resp.release()
+            async with resp:
+                return _POD.decode(await resp.read()).metadata.uid or None
         except ApiException as exc:
             if exc.status == 409:  # a retried create that had gone through
-                return
+                return None
             if exc.status == 403 and "violates PodSecurity" in str(exc.body):
                 raise SandboxStartError(
                     f"sandbox {name}: the namespace's Pod Security admission refused the pod "
