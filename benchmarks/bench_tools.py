@@ -1,16 +1,18 @@
 """The harness tools bundle on docker: its size per harness, and what tools=[...] costs a sandbox's start.
 
-    python benchmarks/bench_tools.py [--backend docker|kubernetes] [--reps 10] [--json PATH]
+    python benchmarks/bench_tools.py [--backend docker|kubernetes] [--injection image-volume|init-container]
+                                     [--reps 10] [--json PATH]
 
 Same run, same machine, alternated so load falls on all alike: create a
 sandbox of the SWE image and run its first command, without tools, with
 claude alone and with every harness (``tools=list(KNOWN)``), then delete it.
 On docker the tools volume is filled before timing (once per tools image on
-a host: that fill is timed apart, from an empty volume); on kubernetes an
-init container copies the chosen harnesses into each pod. Sizes are
+a host: that fill is timed apart, from an empty volume); on kubernetes the
+tools image is mounted as an image volume, or (``--injection init-container``)
+an init container copies the chosen harnesses into each pod. Sizes are
 measured inside a sandbox (``du`` of each part of the bundle), and each
 harness's ``--version`` (mini's ``--help``) is timed there too. With ``--json``, the run
-replaces that backend's entry in the file.
+replaces that backend's (and injection's) entry in the file.
 """
 
 from __future__ import annotations
@@ -63,11 +65,12 @@ async def fill_from_empty(client: orchard.Client) -> float | None:
     return time.perf_counter() - t0
 
 
-async def main(backend: str, reps: int) -> dict[str, Any]:
+async def main(backend: str, reps: int, injection: str) -> dict[str, Any]:
+    kubeconfig = os.environ.get("KUBECONFIG", "/var/lib/orchard-devcluster/kubeconfig")
     config: orchard.DockerConfig | orchard.KubernetesConfig = (
         orchard.DockerConfig()
         if backend == "docker"
-        else orchard.KubernetesConfig(kubeconfig=os.environ.get("KUBECONFIG", "/var/lib/orchard-devcluster/kubeconfig"))
+        else orchard.KubernetesConfig(kubeconfig=kubeconfig, injection=injection)  # type: ignore[arg-type]
     )
     async with orchard.Client(config) as client:
         fill = await fill_from_empty(client) if backend == "docker" else None
@@ -93,6 +96,7 @@ async def main(backend: str, reps: int) -> dict[str, Any]:
     p50 = {k: pct(v, 50) * 1e3 for k, v in samples.items()}
     return {
         "backend": backend,
+        **({"injection": injection} if backend == "kubernetes" else {}),
         "image": IMAGE,
         "reps": reps,
         "start_p50_ms": p50,
@@ -109,7 +113,7 @@ async def main(backend: str, reps: int) -> dict[str, Any]:
 
 def show(r: dict[str, Any]) -> None:
     mib = 1 << 20
-    print(f"tools bundle, {r['backend']}, {r['image']}")
+    print(f"tools bundle, {r['backend']}{', ' + r['injection'] if 'injection' in r else ''}, {r['image']}")
     for name, size in sorted(r["sizes_bytes"].items(), key=lambda kv: -kv[1]):
         took = r["version_s"].get(name)
         print(f"  {name:10} {size / mib:8.0f} MiB" + (f"   --version {took * 1e3:7.0f} ms" if took else ""))
@@ -127,12 +131,14 @@ def show(r: dict[str, Any]) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backend", default="docker", choices=["docker", "kubernetes"])
+    parser.add_argument("--injection", default="image-volume", choices=["image-volume", "init-container"])
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
-    results = asyncio.run(main(args.backend, args.reps))
+    results = asyncio.run(main(args.backend, args.reps, args.injection))
     show(results)
     if args.json is not None:
         old = json.loads(args.json.read_text()) if args.json.exists() else {}
-        runs = [r for r in old.get("runs", []) if r.get("backend") != args.backend]
+        key = (results["backend"], results.get("injection", "init-container"))
+        runs = [r for r in old.get("runs", []) if (r["backend"], r.get("injection", "init-container")) != key]
         args.json.write_text(json.dumps({"runs": [*runs, results]}, indent=2) + "\n")
