@@ -74,7 +74,7 @@ class KubernetesConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown
     #: ``hostUsers: false``: root in the pod is an unprivileged uid on the node.
     #: Needs Kubernetes >= 1.33 (or the gate) and a runtime that supports it
     #: (containerd >= 2.0, CRI-O >= 1.25, kernel >= 6.3); pods fail to start
-    #: elsewhere, e.g. on the dev cluster (containerd 2.2 on cgroup v1).
+    #: elsewhere, e.g. on the dev cluster (containerd 2.2 on Debian's runc 1.1).
     user_namespaces: bool = False
     #: A shared warm pool (kept by ``orchard pool keep NAME``) to claim sandboxes from: a sandbox of the pool's
     #: image and spec is claimed from it when one is ready, and started cold otherwise.
