@@ -13,7 +13,8 @@ from collections.abc import Iterable
 
 from .errors import ConfigError
 
-#: Where the tools volume (docker) or emptyDir (kubernetes) is mounted in a sandbox.
+#: Where the tools volume (docker) or emptyDir (kubernetes, copied) is mounted in a sandbox; an image volume
+#: (kubernetes) is mounted at BUNDLE.
 ROOT = "/.orchard-tools"
 #: The bundle itself, inside ROOT: the path its launchers and runtimes were built for.
 BUNDLE = f"{ROOT}/bundle"

@@ -2,8 +2,10 @@
 
 The Kubernetes API is used for three things only: create a pod, delete it,
 and one label-selected watch over all of this client's pods, which resolves
-every sandbox's readiness and notices every loss (no per-pod polling). Exec
-and files go straight to the executor at the pod IP.
+every sandbox's readiness and notices every loss (no per-pod polling); with
+``injection="auto"``, one dry-run create per client as well, asking whether
+the cluster takes image volumes. Exec and files go straight to the executor
+at the pod IP.
 """
 
 from __future__ import annotations
