@@ -57,7 +57,8 @@ async def test_init_container_injection_copies_the_runtime(
             spec = await pod_spec(k8s_api, k8s_namespace, sb.id)
             (init,) = spec.init_containers
             assert init.image == "orchard-executor:latest"
-            assert spec.volumes[0].empty_dir is not None and spec.volumes[0].image is None
+            assert spec.volumes[0].empty_dir is not None
+            assert spec.volumes[0].image is None
             await check_runtime_is_read_only(sb)
             # The copy is the init container's (uid 65532), not the image's.
             assert (await sb.exec(["stat", "-c", "%u", "/.orchard/runtime"])).stdout == "65532\n"

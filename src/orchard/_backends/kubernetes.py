@@ -433,8 +433,10 @@ class KubernetesBackend:
         try:
             return await self._start(spec, tracked, token_sha256, tls, image_volumes=image_volumes)
         except SandboxStartError as exc:
-            if not (image_volumes and self._image_volumes_failed(exc)):
-                raise self._name_the_volume(exc, spec) if image_volumes else exc from None
+            if not image_volumes:
+                raise
+            if not self._image_volumes_failed(exc):
+                raise self._name_the_volume(exc, spec) from exc
             log.warning(
                 "sandbox %s: its container did not start with the runtime mounted as an image volume (%s); "
                 "using init containers from now on (KubernetesConfig.injection='init-container' says so up front)",
