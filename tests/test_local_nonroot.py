@@ -67,6 +67,11 @@ async def main():
             "shadow": ["test", "-e", "/etc/shadow"],
             "env": ["env"],
             "other": ["python3", "-c", CONNECT, other],
+            # The executor (the parent of the sandbox's commands, same uid): its /proc files are closed to them.
+            "executor": ["sh", "-c", "E=$PPID; for f in exe cwd root; do readlink /proc/$E/$f >/dev/null 2>&1 && "
+                         "echo open-$f; done; for f in environ maps; do head -c1 /proc/$E/$f >/dev/null 2>&1 && "
+                         "echo open-$f; done; (exec 3</proc/$E/mem) 2>/dev/null && echo open-mem; "
+                         "grep -E '^(CapBnd|NoNewPrivs):' /proc/$E/status"],
         }.items():
             r = await a.exec(cmd)
             out[name] = [r.exit_code, r.stdout]
@@ -144,6 +149,10 @@ async def test_a_non_root_clients_sandbox_sees_nothing_of_the_user(user_home: tu
     assert "client-env-secret" not in out["env"][1], out["env"]
     assert out["other_on_host"] is True, out["other_on_host"]
     assert out["other"][1].startswith("refused"), out["other"]
+    # Forked from the client's zygote, the executor is not dumpable: nothing of it (the host's interpreter, its
+    # memory, descriptors, environment) is open to the sandbox; it has no capability, and no new privileges.
+    assert "open-" not in out["executor"][1], out["executor"]
+    assert out["executor"][1].split() == ["CapBnd:", "0000000000000000", "NoNewPrivs:", "1"], out["executor"]
     # The sandbox runs as the user (in a user namespace), so the user's own files are what it must not reach.
     assert out["id"] == [0, f"{uid}\n"], out["id"]
     # The sandbox's own /etc/passwd names it (and is readable by it).

@@ -188,8 +188,8 @@ def with_path_appended(env: dict[str, str], dirs: str | None) -> dict[str, str]:
     return env | {"PATH": f"{env.get('PATH') or DEFAULT_PATH}:{dirs}"}
 
 
-async def serve(args: argparse.Namespace) -> str:
-    """Serve until told to stop; returns why it stopped."""
+async def serve(args: argparse.Namespace, environ: dict[str, str] | None = None) -> str:
+    """Serve until told to stop; returns why it stopped (``environ``: the commands' environment, if not ours)."""
     if not args.token_sha256:
         raise SystemExit("orchard-executor: a token hash is required (--token-sha256); it never runs without auth")
     pem = os.environ.pop(TLS_ENV, "")
@@ -199,7 +199,7 @@ async def serve(args: argparse.Namespace) -> str:
         workdir=os.path.abspath(args.workdir or os.getcwd()),
         state_dir=args.state_dir,
         idle_timeout=args.idle_timeout,
-        env=with_path_appended(clean_environ(_initial_environ()), args.path_append),
+        env=with_path_appended(clean_environ(_initial_environ() if environ is None else environ), args.path_append),
     )
     # Orphaned descendants come to the executor (PID 1, or a subreaper): reap them.
     init_reaper = reaper.start(asyncio.get_running_loop())
@@ -262,8 +262,8 @@ async def _stop_when(event: asyncio.Event, stop: Callable[[str], None], reason: 
     stop(reason)
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Entry point."""
+def main(argv: list[str] | None = None, environ: dict[str, str] | None = None) -> None:
+    """Entry point (``environ``: for a forked executor, whose /proc/self/environ is its zygote's)."""
     args = _parse(argv)
     _setup_logging()
     parent = os.getppid()
@@ -273,7 +273,7 @@ def main(argv: list[str] | None = None) -> None:
         # the default action the kernel drops it, and asyncio.run then installs none (see serve()).
         signal.signal(signal.SIGINT, signal.SIG_DFL)
     try:
-        reason = asyncio.run(serve(args))
+        reason = asyncio.run(serve(args, environ))
         print(f"orchard-executor: stopped: {reason}", file=sys.stderr)
     finally:
         reaper.kill_descendants()

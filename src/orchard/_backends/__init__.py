@@ -26,6 +26,11 @@ class LocalConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fiel
     #: The uid (and gid) isolated sandboxes run as when the client runs as root;
     #: a non-root client's sandboxes run as that user, in a user namespace.
     uid: int = 65534
+    #: Fork each executor from one interpreter that imported it once (a fork server, started with the
+    #: first sandbox) instead of starting a fresh interpreter per sandbox, whose import of the executor
+    #: is most of a start. Under bubblewrap the fork joins the sandbox's namespaces and drops every
+    #: privilege, as bubblewrap's own process would. False: a fresh ``python`` per sandbox.
+    fork: bool = True
 
 
 class KubernetesConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True, tag="kubernetes"):

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import json
 import os
 import shutil
@@ -50,6 +51,7 @@ from ..errors import (
     UnisolatedWarning,
 )
 from . import LocalConfig
+from ._forks import ForkedExecutor, Zygote
 
 _LAUNCH = "import sys; sys.path[:0] = {paths!r}; from orchard_executor.__main__ import main; main()"
 
@@ -86,6 +88,8 @@ _ETC = (
 )
 #: slirp4netns's DNS forwarder, as the sandbox sees it.
 _SLIRP_DNS = "10.0.2.3"
+#: ioctl(2) on a namespace: its owning user namespace (linux/nsfs.h).
+_NS_GET_USERNS = 0xB701
 #: How long a closed sandbox's network helper gets to exit before it is killed.
 _HELPER_GRACE = 5.0
 
@@ -128,6 +132,7 @@ def _bwrap_argv(
     as_root: bool,
     data: dict[str, int],
     info_fd: int | None = None,
+    as_pid_1: bool = False,
 ) -> list[str]:
     """Bubblewrap options: a root from an allowlist, the sandbox's own directories writable.
 
@@ -135,11 +140,19 @@ def _bwrap_argv(
     prefix, its import paths), bound read-only, each directory alone (never
     its parents); ``data`` maps files written for the sandbox (passwd,
     group, hosts) to the fds bwrap reads them from; ``info_fd`` gets the
-    sandbox's pid and namespaces (for its network helper).
+    sandbox's pid and namespaces (for its network helper, and the forked
+    executor); ``as_pid_1``: the command is the pid namespace's init, with no
+    reaper of bwrap's (the forked executor's placeholder).
     """
     argv = [bwrap, "--die-with-parent", "--new-session", *_namespaces(as_root), "--hostname", "orchard"]
     if info_fd is not None:
         argv += ["--info-fd", str(info_fd)]
+    if as_pid_1:
+        argv.append("--as-pid-1")
+        if as_root:
+            # Root's placeholder stays uid 0 (a setpriv's uid change would cancel --die-with-parent's
+            # signal), but with no capability: the sandbox's uid cannot touch it, and it can do nothing.
+            argv += ["--cap-drop", "ALL"]
     system = ["/usr"]
     argv += ["--ro-bind", "/usr", "/usr"]
     # Merged-/usr systems make these symlinks into /usr; older ones real directories.
@@ -192,7 +205,8 @@ def _bwrap_argv(
     bind("--bind", os.path.join(directory, "run"), _SOCKET_DIR)
     if not workdir.startswith(directory + os.sep):
         bind("--bind", workdir, workdir)
-    return [*argv, "--chdir", workdir, "--"]
+    # The placeholder (root's has no capability to enter the sandbox's directories) waits in /.
+    return [*argv, "--chdir", "/" if as_pid_1 else workdir, "--"]
 
 
 def _bwrap_works(bwrap: str, as_root: bool) -> bool:
@@ -259,6 +273,56 @@ def bwrap_available() -> bool:
         return False
 
 
+def _pin_namespaces(sandbox_id: str, child: dict[str, int]) -> list[tuple[str, int]]:
+    """The namespaces of bwrap's first process (``child``: its ``--info-fd``), opened and checked, in join order.
+
+    Each one bwrap reported is checked by inode once open, so a pid reused
+    since cannot lend the executor another process's namespaces (and the
+    sandbox's namespaces die with that process, its pid namespace's init).
+    A non-root client's sandbox has two user namespaces: the one owning the
+    others (``owner``, asked of the mount namespace) and, inside it, the
+    first process's (``user``), opened before the checks that prove it the
+    sandbox's; the owner is joined first and the first process's last.
+    Namespaces that are this process's own are left out.
+    """
+    pid = child["child-pid"]
+    opened: dict[str, int] = {}
+
+    def own(name: str, fd: int) -> bool:
+        return os.fstat(fd).st_ino == os.stat(f"/proc/self/ns/{'user' if name == 'owner' else name}").st_ino
+
+    try:
+        for name in ("user", "cgroup", "mnt", "pid", "net", "ipc", "uts"):
+            fd = os.open(f"/proc/{pid}/ns/{name}", os.O_RDONLY | os.O_CLOEXEC)
+            opened[name] = fd
+            expected = child.get(f"{name}-namespace")
+            if expected is not None and os.fstat(fd).st_ino != expected:
+                raise SandboxStartError(
+                    f"sandbox {sandbox_id}: its first process ended before its executor started",
+                    sandbox_id=sandbox_id,
+                    reason="exited",
+                )
+        opened["owner"] = fcntl.ioctl(opened["mnt"], _NS_GET_USERNS)
+        os.set_inheritable(opened["owner"], False)
+        if os.fstat(opened["owner"]).st_ino == os.fstat(opened["user"]).st_ino:
+            os.close(opened.pop("user"))
+        for name, fd in list(opened.items()):
+            if own(name, fd):
+                os.close(opened.pop(name))
+    except OSError as exc:
+        for fd in opened.values():
+            os.close(fd)
+        raise SandboxStartError(
+            f"sandbox {sandbox_id}: cannot open its namespaces: {exc}", sandbox_id=sandbox_id, reason="exited"
+        ) from exc
+    except SandboxStartError:
+        for fd in opened.values():
+            os.close(fd)
+        raise
+    order = ("owner", "mnt", "pid", "net", "ipc", "uts", "cgroup", "user")
+    return sorted(opened.items(), key=lambda item: order.index(item[0]))
+
+
 def _remove(directory: str) -> None:
     """Delete a sandbox directory, even where the sandbox took its own write permission away."""
     shutil.rmtree(directory, ignore_errors=True)
@@ -294,10 +358,19 @@ async def _tail_into(stream: asyncio.StreamReader | None, tail: bytearray) -> No
 class LocalInstance:
     """One executor process and its directory (and, with a network, its slirp4netns)."""
 
-    def __init__(self, sandbox_id: str, directory: str, proc: asyncio.subprocess.Process, ttl: float | None) -> None:
+    def __init__(
+        self,
+        sandbox_id: str,
+        directory: str,
+        proc: asyncio.subprocess.Process | ForkedExecutor,
+        ttl: float | None,
+        bwrap: asyncio.subprocess.Process | None = None,
+    ) -> None:
         self.id = sandbox_id
         self.dir = directory
         self.proc = proc
+        #: A forked executor's bubblewrap, whose first process holds the sandbox's namespaces.
+        self.bwrap = bwrap
         self.base_url = ""
         #: The HTTP session for this sandbox's unix socket (None: the Client's shared one).
         self.http: aiohttp.ClientSession | None = None
@@ -360,15 +433,23 @@ class LocalInstance:
         dropped), and exits when the pipe this instance holds closes: at
         ``delete()``, or when the client dies.
         """
+        await self.network(slirp4netns, await self.sandbox_info(info, self.proc))
+
+    async def sandbox_info(self, info: BinaryIO, bwrap: asyncio.subprocess.Process | ForkedExecutor) -> dict[str, int]:
+        """What bwrap wrote to its ``--info-fd``: its first process's pid and namespaces."""
         raw = await _read_pipe(info, b"}")
         if not raw.endswith(b"}"):
-            await self.proc.wait()
+            await bwrap.wait()
             raise SandboxStartError(
-                f"sandbox {self.id}: bubblewrap exited at start ({self.proc.returncode}): " + await self.tail(),
+                f"sandbox {self.id}: bubblewrap exited at start ({bwrap.returncode}): " + await self.tail(),
                 sandbox_id=self.id,
                 reason="exited",
             )
-        child = json.loads(raw)
+        child: dict[str, int] = json.loads(raw)
+        return child
+
+    async def network(self, slirp4netns: str, child: dict[str, int]) -> None:
+        """Start the network of the sandbox whose first process bwrap described in ``child``."""
         ready_r, ready_w = os.pipe()
         pinned = [ready_w]
         with os.fdopen(ready_r, "rb", buffering=0) as ready:
@@ -492,9 +573,19 @@ class LocalInstance:
                 await asyncio.wait_for(self.proc.wait(), 5)
             except TimeoutError:
                 # Killing bwrap kills its pid namespace (--die-with-parent).
-                with contextlib.suppress(ProcessLookupError):
-                    self.proc.kill()
+                for proc in (self.proc, self.bwrap):
+                    with contextlib.suppress(ProcessLookupError):
+                        if proc is not None:
+                            proc.kill()
                 await self.proc.wait()
+        if self.bwrap is not None:
+            # Its first process exits when the executor's end of its stdin closes (with the executor).
+            try:
+                await asyncio.wait_for(self.bwrap.wait(), 5)
+            except TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    self.bwrap.kill()
+                await self.bwrap.wait()
         self._drain.cancel()
         await self._stop_helper()
         if self.http is not None:
@@ -615,6 +706,7 @@ class LocalBackend:
         found = find_isolation(config.isolation)
         self._bwrap: str | None = found[0] if found else None
         self._setpriv: str | None = found[1] if found else None
+        self._zygote = Zygote(self._python, paths) if config.fork else None
 
     def _environment(self, spec: SandboxSpec, workdir: str, tmp: str) -> dict[str, str]:
         env = {
@@ -638,7 +730,9 @@ class LocalBackend:
             "/etc/hosts": b"127.0.0.1 localhost orchard\n::1 localhost ip6-localhost ip6-loopback\n",
         }
 
-    def _isolated_argv(self, directory: str, workdir: str, data: dict[str, int], info_fd: int | None) -> list[str]:
+    def _isolated_argv(
+        self, directory: str, workdir: str, data: dict[str, int], info_fd: int | None, *, as_pid_1: bool = False
+    ) -> list[str]:
         assert self._bwrap is not None
         argv = _bwrap_argv(
             self._bwrap,
@@ -648,8 +742,9 @@ class LocalBackend:
             as_root=self._as_root,
             data=data,
             info_fd=info_fd,
+            as_pid_1=as_pid_1,
         )
-        if self._setpriv is not None:
+        if self._setpriv is not None and not as_pid_1:
             argv += [
                 self._setpriv,
                 f"--reuid={self._uid}",
@@ -695,34 +790,28 @@ class LocalBackend:
         except OSError as exc:
             _remove(directory)
             raise ConfigError(f"workdir={spec.workdir!r} cannot be created: {exc}") from exc
-        ready_r, ready_w = os.pipe()
-        info_r, info_w = os.pipe() if slirp4netns else (-1, -1)
-        data: dict[str, int] = {}
-        executor = [
-            self._python,
-            "-I",
-            "-c",
-            self._launch,
+        options = [
             f"--token-sha256={token_sha256}",
             f"--workdir={workdir}",
             f"--state-dir={state}",
-            f"--ready-fd={ready_w}",
             "--exit-with-stdin",
             f"--orphan-dir={directory}",
+            *([f"--unix={_SOCKET_DIR}/{_SOCKET}"] if self._bwrap else ["--host=127.0.0.1", "--port=0"]),
+            *([f"--idle-timeout={spec.idle_timeout}"] if spec.idle_timeout is not None else []),
         ]
+        env = self._environment(spec, workdir, tmp)
+        if self._zygote is not None:
+            return await self._start_forked(spec, sandbox_id, directory, workdir, options, env, slirp4netns, t0)
+        ready_r, ready_w = os.pipe()
+        info_r, info_w = os.pipe() if slirp4netns else (-1, -1)
+        data: dict[str, int] = {}
+        executor = [self._python, "-I", "-c", self._launch, f"--ready-fd={ready_w}", *options]
         if self._bwrap:
-            # Small files for bwrap to copy in, through pipes: nothing on disk the sandbox could change.
-            for dest, content in self._etc_files(network=slirp4netns is not None).items():
-                r, w = os.pipe()
-                os.write(w, content)
-                os.close(w)
-                data[dest] = r
+            data = self._data_pipes(network=slirp4netns is not None)
             isolated = self._isolated_argv(directory, workdir, data, info_w if slirp4netns else None)
-            argv = [*isolated, *executor, f"--unix={_SOCKET_DIR}/{_SOCKET}"]
+            argv = [*isolated, *executor]
         else:
-            argv = [*executor, "--host=127.0.0.1", "--port=0"]
-        if spec.idle_timeout is not None:
-            argv.append(f"--idle-timeout={spec.idle_timeout}")
+            argv = executor
         try:
             proc = await asyncio.create_subprocess_exec(
                 *argv,
@@ -730,7 +819,7 @@ class LocalBackend:
                 stdout=asyncio.subprocess.DEVNULL,
                 stderr=asyncio.subprocess.PIPE,
                 cwd=workdir,
-                env=self._environment(spec, workdir, tmp),
+                env=env,
                 pass_fds=(ready_w, *data.values()) + ((info_w,) if slirp4netns else ()),
             )
         except OSError as exc:
@@ -782,6 +871,165 @@ class LocalBackend:
         instance.timings["executor_ready"] = time.monotonic() - t0
         return instance
 
+    def _data_pipes(self, *, network: bool) -> dict[str, int]:
+        """Small files for bwrap to copy in, through pipes: nothing on disk the sandbox could change."""
+        data: dict[str, int] = {}
+        for dest, content in self._etc_files(network=network).items():
+            r, w = os.pipe()
+            os.write(w, content)
+            os.close(w)
+            data[dest] = r
+        return data
+
+    async def _start_forked(
+        self,
+        spec: SandboxSpec,
+        sandbox_id: str,
+        directory: str,
+        workdir: str,
+        options: list[str],
+        env: dict[str, str],
+        slirp4netns: str | None,
+        t0: float,
+    ) -> LocalInstance:
+        """Start a sandbox whose executor the zygote forks (into bwrap's namespaces, under bubblewrap)."""
+        assert self._zygote is not None
+        loop = asyncio.get_running_loop()
+        stdin_r, stdin_w = os.pipe()
+        err_r, err_w = os.pipe()
+        ready_r, ready_w = os.pipe()
+        stderr = asyncio.StreamReader()
+        stderr_pipe, _ = await loop.connect_read_pipe(
+            lambda: asyncio.StreamReaderProtocol(stderr), os.fdopen(err_r, "rb", 0)
+        )
+        # Ours to close once the zygote has its copies (or on failure).
+        sent = [stdin_r, err_w, ready_w]
+        namespaces: list[tuple[str, int]] = []
+        bwrap: asyncio.subprocess.Process | None = None
+        child: dict[str, int] = {}
+        proc: ForkedExecutor | None = None
+        try:
+            async with asyncio.timeout(spec.start_timeout):
+                if self._bwrap:
+                    hold_r, hold_w = os.pipe()
+                    sent.append(hold_w)
+                    bwrap, child = await self._placeholder(
+                        sandbox_id, directory, workdir, env, hold_r, err_w, stderr, network=slirp4netns is not None
+                    )
+                    namespaces = _pin_namespaces(sandbox_id, child)
+                request = {
+                    "argv": options,
+                    "env": env,
+                    "cwd": workdir,
+                    "namespaces": [name for name, _ in namespaces],
+                    "isolated": bwrap is not None,
+                    "uid": self._uid if bwrap is not None and self._as_root else None,
+                    "gid": self._gid if bwrap is not None and self._as_root else None,
+                    "hold": bwrap is not None,
+                }
+                fds = [*sent, *(fd for _, fd in namespaces)]
+                proc = await self._zygote.fork(sandbox_id, request, fds, stdin_w, stderr)
+        except BaseException as exc:
+            if proc is None:
+                os.close(stdin_w)
+                stderr_pipe.close()
+            if bwrap is not None and bwrap.returncode is None:
+                bwrap.kill()
+                await bwrap.wait()
+            os.close(ready_r)
+            _remove(directory)
+            if isinstance(exc, TimeoutError):
+                raise SandboxTimeout(
+                    f"sandbox {sandbox_id}: the executor was not ready within start_timeout={spec.start_timeout:g}s",
+                    sandbox_id=sandbox_id,
+                ) from None
+            raise
+        finally:
+            for fd in [*sent, *(fd for _, fd in namespaces)]:
+                os.close(fd)
+        instance = LocalInstance(sandbox_id, directory, proc, spec.ttl, bwrap)
+        instance.timings["spawned"] = time.monotonic() - t0
+        ready = os.fdopen(ready_r, "rb", buffering=0)
+
+        async def started() -> int:
+            if slirp4netns:
+                await instance.network(slirp4netns, child)
+            return await self._read_ready(ready, instance)
+
+        try:
+            port = await asyncio.wait_for(started(), max(spec.start_timeout - (time.monotonic() - t0), 0))
+            if self._bwrap:
+                instance.connect(os.path.join(directory, "run", _SOCKET))
+            else:
+                instance.base_url = f"http://127.0.0.1:{port}"
+        except TimeoutError:
+            await instance.delete()
+            raise SandboxTimeout(
+                f"sandbox {sandbox_id}: the executor was not ready within start_timeout={spec.start_timeout:g}s",
+                sandbox_id=sandbox_id,
+            ) from None
+        except BaseException:
+            await instance.delete()
+            raise
+        finally:
+            ready.close()
+        instance.timings["executor_ready"] = time.monotonic() - t0
+        return instance
+
+    async def _placeholder(
+        self,
+        sandbox_id: str,
+        directory: str,
+        workdir: str,
+        env: dict[str, str],
+        hold: int,
+        err: int,
+        stderr: asyncio.StreamReader,
+        *,
+        network: bool,
+    ) -> tuple[asyncio.subprocess.Process, dict[str, int]]:
+        """Start bubblewrap with a placeholder first process: the sandbox's namespaces, for the executor to join.
+
+        The placeholder is the pid namespace's init (no signal from inside reaches it) and reads ``hold``
+        (closed here), whose write end the executor keeps: when the executor ends, so does the sandbox.
+        """
+        info_r, info_w = os.pipe()
+        up_r, up_w = os.pipe()
+        data = self._data_pipes(network=network)
+        argv = [
+            *self._isolated_argv(directory, workdir, data, info_w, as_pid_1=True),
+            "/bin/sh",
+            "-c",
+            "echo; exec cat",
+        ]
+        try:
+            bwrap = await asyncio.create_subprocess_exec(
+                *argv, stdin=hold, stdout=up_w, stderr=err, cwd=workdir, env=env, pass_fds=(info_w, *data.values())
+            )
+        except OSError as exc:
+            os.close(info_r)
+            os.close(up_r)
+            raise SandboxStartError(
+                f"sandbox {sandbox_id}: cannot run bubblewrap: {exc}", sandbox_id=sandbox_id, reason="spawn"
+            ) from exc
+        finally:
+            for fd in (hold, info_w, up_w, *data.values()):
+                os.close(fd)
+        with os.fdopen(info_r, "rb", buffering=0) as info, os.fdopen(up_r, "rb", buffering=0) as up:
+            raw = await _read_pipe(info, b"}")
+            if raw.endswith(b"}") and await _read_pipe(up, b"\n") == b"\n":
+                return bwrap, json.loads(raw)
+        await bwrap.wait()
+        tail = b""
+        with contextlib.suppress(TimeoutError):
+            tail = await asyncio.wait_for(stderr.read(_TAIL_BYTES), 0.5)
+        raise SandboxStartError(
+            f"sandbox {sandbox_id}: bubblewrap exited at start ({bwrap.returncode}): "
+            + tail.decode("utf-8", "replace").strip(),
+            sandbox_id=sandbox_id,
+            reason="exited",
+        )
+
     async def _read_ready(self, pipe: BinaryIO, instance: LocalInstance) -> int:
         """The port from the executor's ready line, or why it died first."""
         line = await _read_pipe(pipe, b"\n")
@@ -809,4 +1057,6 @@ class LocalBackend:
         return LocalAttachment(handle, _open_socket(handle))
 
     async def aclose(self) -> None:
-        """Nothing to release: sandboxes are deleted by the client."""
+        """The fork server ends (sandboxes are deleted by the client)."""
+        if self._zygote is not None:
+            await self._zygote.aclose()
