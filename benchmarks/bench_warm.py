@@ -1,6 +1,6 @@
 """Warm pools against cold starts: create (or claim) to the first command's answer, per backend.
 
-    python benchmarks/bench_warm.py [--backend local docker kubernetes] [--runs 20] [--burst 16]
+    python benchmarks/bench_warm.py [--backend local local-none docker kubernetes] [--runs 20] [--burst 16]
                                     [--json benchmarks/results/warm.json]
 
 For each backend, in one run: ``--runs`` sandboxes one at a time started
@@ -9,7 +9,10 @@ full before each claim; then a burst of ``--burst`` at once (a GRPO group),
 cold, then claimed from a full pool of that size. On kubernetes the same
 again for a pool shared across processes (``orchard pool keep``, here a
 keeper in this process; a claim lists the pool's pods, wins one by a
-compare-and-swap patch and re-keys it). Each figure is the time
+compare-and-swap patch and re-keys it). On local (``local``: bubblewrap,
+``local-none``: unisolated) cold starts are forks of the backend's fork
+server, measured against a fresh interpreter per sandbox (``fork=False``),
+the fork server started before the figures. Each figure is the time
 from ``client.create`` to the answer of ``exec("true")``. Cold and warm runs
 alternate per sample, so the machine's load hits both alike. The cold starts'
 phases (``sb.timings``: when each startup step ended, from the create call)
@@ -38,12 +41,19 @@ import orchard
 from orchard.errors import UnisolatedWarning
 
 KUBECONFIG = os.environ.get("KUBECONFIG", "/var/lib/orchard-devcluster/kubeconfig")
-IMAGES = {"local": "local", "docker": "orchard-test/busybox:latest", "kubernetes": "orchard-test/busybox:latest"}
+IMAGES = {
+    "local": "local",
+    "local-none": "local",
+    "docker": "orchard-test/busybox:latest",
+    "kubernetes": "orchard-test/busybox:latest",
+}
 
 
-def config(backend: str, root: str) -> Any:
+def config(backend: str, root: str, *, fork: bool = True) -> Any:
     if backend == "local":
-        return orchard.LocalConfig(root=root)  # bubblewrap, the default
+        return orchard.LocalConfig(root=root, fork=fork)  # bubblewrap, the default
+    if backend == "local-none":
+        return orchard.LocalConfig(root=root, isolation="none", fork=fork)
     if backend == "docker":
         return orchard.DockerConfig()
     return orchard.KubernetesConfig(namespace="orchard-bench-warm", kubeconfig=KUBECONFIG)
@@ -95,9 +105,15 @@ async def backend_figures(backend: str, runs: int, burst: int) -> dict[str, Any]
         warm_client = orchard.Client(config(backend, root), warm={image: max(1, burst)})
         shared = Shared(max(1, burst)) if backend == "kubernetes" else None
         keeping = asyncio.create_task(shared.keeper.run()) if shared is not None else None
+        # Local: the fork server's cold starts against a fresh interpreter per sandbox (fork=False).
+        fresh_client = orchard.Client(config(backend, root, fork=False)) if backend.startswith("local") else None
         async with cold_client, warm_client, contextlib.AsyncExitStack() as stack:
             if shared is not None:
                 await stack.enter_async_context(shared.client)
+            if fresh_client is not None:
+                await stack.enter_async_context(fresh_client)
+                # The fork server starts with the first sandbox: once, before the figures.
+                await first_command(cold_client, image)
 
             async def settled() -> None:
                 """Every pool full: no refill of one competes with a claim from another."""
@@ -106,8 +122,10 @@ async def backend_figures(backend: str, runs: int, burst: int) -> dict[str, Any]
                     await shared.full()
 
             await settled()
-            cold, warm, shared_warm, missed, phases = [], [], [], 0, []
+            cold, warm, shared_warm, fresh, missed, phases = [], [], [], [], 0, []
             for _ in range(runs):
+                if fresh_client is not None:
+                    fresh.append((await first_command(fresh_client, image))[0])
                 cold.append((await first_command(cold_client, image, phases))[0])
                 await settled()
                 seconds, claimed = await first_command(warm_client, image)
@@ -119,6 +137,11 @@ async def backend_figures(backend: str, runs: int, burst: int) -> dict[str, Any]
                     shared_warm.append(seconds)
                     missed += not claimed
             # The burst's figure is its slowest sandbox: when the whole group has answered.
+            fresh_burst = None
+            if fresh_client is not None:
+                fresh_burst = max(
+                    s for s, _ in await asyncio.gather(*(first_command(fresh_client, image) for _ in range(burst)))
+                )
             cold_burst = max(
                 s for s, _ in await asyncio.gather(*(first_command(cold_client, image) for _ in range(burst)))
             )
@@ -137,6 +160,8 @@ async def backend_figures(backend: str, runs: int, burst: int) -> dict[str, Any]
             with contextlib.suppress(asyncio.CancelledError):
                 await keeping
     extra = {"shared": stats(shared_warm), "shared_burst_s": shared_burst} if shared is not None else {}
+    if fresh:
+        extra |= {"fresh": stats(fresh), "fresh_burst_s": fresh_burst}
     return {
         "backend": backend,
         "image": image,
@@ -159,6 +184,12 @@ def show(r: dict[str, Any]) -> None:
         f"{r['burst']} at once: cold {r['cold_burst_s']:.2f} s, warm {r['warm_burst_s']:.2f} s"
         + (f"; {r['claims_missed']} claims fell back to cold" if r["claims_missed"] else "")
     )
+    if "fresh" in r:
+        f = r["fresh"]
+        print(
+            " " * 12 + f"a fresh interpreter per sandbox (fork=False): p50/p99 ms {f['p50_ms']:.1f}/{f['p99_ms']:.1f} "
+            f"(the fork server {f['p50_ms'] / c['p50_ms']:.1f}x faster); {r['burst']} at once {r['fresh_burst_s']:.2f} s"
+        )
     if "shared" in r:
         s = r["shared"]
         print(

@@ -213,7 +213,8 @@ def warm(r: dict[str, Any]) -> str:
     rows = [
         _measured_by("warm", r["machine"]) + "from "
         '`client.create` to the answer of `exec("true")`, one at a time with the pool full before each claim '
-        "(cold and warm alternating), then a burst at once (the whole group answered). local runs under bubblewrap.",
+        "(cold and warm alternating), then a burst at once (the whole group answered). local runs under bubblewrap"
+        + (", local-none unisolated." if any(x["backend"] == "local-none" for x in r["runs"]) else "."),
         "",
         "| backend | cold p50 / p99 ms | warm p50 / p99 ms | cold / warm p50 | burst at once: cold / warm s |",
         "| --- | ---: | ---: | ---: | ---: |",
@@ -232,6 +233,21 @@ def warm(r: dict[str, Any]) -> str:
             rows.append(
                 f"- {x['backend']}: shared p50 / p99 {s['p50_ms']:.1f} / {s['p99_ms']:.1f} ms "
                 f"({c['p50_ms'] / s['p50_ms']:.0f}x faster than cold); {x['burst']} at once {x['shared_burst_s']:.2f} s"
+            )
+    fresh = [x for x in r["runs"] if "fresh" in x]
+    if fresh:
+        rows += [
+            "",
+            "Local cold starts are forks of the backend's fork server (`LocalConfig(fork=True)`, the default), "
+            "against a fresh interpreter per sandbox (`fork=False`) measured in the same run:",
+            "",
+        ]
+        for x in fresh:
+            c, f = x["cold"], x["fresh"]
+            rows.append(
+                f"- {x['backend']}: fork=False p50 / p99 {f['p50_ms']:.1f} / {f['p99_ms']:.1f} ms, the fork server "
+                f"{f['p50_ms'] / c['p50_ms']:.1f}x faster; {x['burst']} at once {x['fresh_burst_s']:.2f} s, "
+                f"forked {x['cold_burst_s']:.2f} s"
             )
     missed = sum(x["claims_missed"] for x in r["runs"])
     if missed:
