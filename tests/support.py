@@ -50,6 +50,21 @@ def proc_stat(pid: int) -> list[str] | None:
     return raw[raw.rfind(b")") + 2 :].decode().split()
 
 
+def host_processes() -> Iterator[tuple[int, int, list[bytes]]]:
+    """Each live host process: its pid, its parent's pid and its command line (argv)."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        stat = proc_stat(int(entry))
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                argv = f.read().rstrip(b"\0").split(b"\0")
+        except OSError:
+            continue
+        if stat is not None and stat[0] != "Z":
+            yield int(entry), int(stat[1]), argv
+
+
 def host_pid_alive(pid: int) -> bool:
     """Whether a host process exists and is not a zombie (a zombie is dead, just not reaped)."""
     try:

@@ -22,49 +22,26 @@ import pytest
 
 import orchard
 from orchard import errors
-from support import WAIT, eventually, host_pid_alive
+from support import WAIT, eventually, host_pid_alive, host_processes, proc_stat
 
 pytestmark = [pytest.mark.executor, pytest.mark.filterwarnings("ignore::orchard.errors.UnisolatedWarning")]
 
 
-def cmdline(pid: int) -> list[bytes]:
-    with open(f"/proc/{pid}/cmdline", "rb") as f:
-        return f.read().rstrip(b"\0").split(b"\0")
-
-
 def parent(pid: int) -> int:
-    with open(f"/proc/{pid}/stat", "rb") as f:
-        raw = f.read()
-    return int(raw[raw.rfind(b")") + 2 :].split()[1])
+    stat = proc_stat(pid)
+    assert stat is not None, f"no process {pid}"
+    return int(stat[1])
 
 
 def executors(directory: Path) -> list[int]:
     """Host pids of the forked executors whose command line names ``directory``."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            argv = cmdline(int(entry))
-        except OSError:
-            continue
-        if argv[0] == b"orchard-executor" and any(str(directory).encode() in a for a in argv):
-            found.append(int(entry))
-    return found
+    needle = str(directory).encode()
+    return [pid for pid, _, argv in host_processes() if argv[0] == b"orchard-executor" and needle in b" ".join(argv)]
 
 
 def zygotes_of(pid: int) -> list[int]:
     """The zygote processes that are children of ``pid``."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            if parent(int(entry)) == pid and any(b"orchard_executor.zygote" in a for a in cmdline(int(entry))):
-                found.append(int(entry))
-        except (OSError, IndexError):
-            continue
-    return found
+    return [p for p, ppid, argv in host_processes() if ppid == pid and b"orchard_executor.zygote" in b" ".join(argv)]
 
 
 @pytest.fixture(params=["none", "bwrap"])

@@ -24,7 +24,7 @@ import pytest
 
 import orchard
 from orchard import errors
-from support import eventually, host_pid_alive
+from support import eventually, host_pid_alive, host_processes
 
 pytestmark = pytest.mark.executor
 
@@ -110,20 +110,7 @@ async def fetch(sb: orchard.Sandbox, url: str) -> str:
 
 def helpers_of(pid: int) -> list[int]:
     """Live slirp4netns processes whose parent is ``pid``."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                raw = f.read()
-        except OSError:
-            continue
-        comm = raw[raw.find(b"(") + 1 : raw.rfind(b")")]
-        ppid = int(raw[raw.rfind(b")") + 2 :].split()[1])
-        if comm == b"slirp4netns" and ppid == pid and host_pid_alive(int(entry)):
-            found.append(int(entry))
-    return found
+    return [p for p, ppid, argv in host_processes() if ppid == pid and argv[0].endswith(b"slirp4netns")]
 
 
 async def test_network_reaches_a_host_interface_and_the_executor_stays_on_its_socket(

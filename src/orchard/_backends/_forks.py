@@ -38,6 +38,14 @@ _TITLE_ROOM = 2048
 UNKNOWN_STATUS = -1
 
 
+async def written(stream: asyncio.StreamReader) -> str:
+    """What a process that failed to start wrote to ``stream`` (waiting briefly: another may hold it open)."""
+    tail = b""
+    with contextlib.suppress(TimeoutError):
+        tail = await asyncio.wait_for(stream.read(_TAIL_BYTES), 0.5)
+    return tail.decode("utf-8", "replace").strip()
+
+
 class _Pipe:
     """The client's end of a pipe, closed once (the executor's stdin: its closing is the cue to exit)."""
 
@@ -208,12 +216,8 @@ class Zygote:
             ) from None
         if "error" in answer:
             # What the fork wrote before it failed (a traceback) is in its stderr.
-            tail = b""
-            with contextlib.suppress(TimeoutError):
-                tail = await asyncio.wait_for(stderr.read(_TAIL_BYTES), 0.5)
             raise SandboxStartError(
-                f"sandbox {sandbox_id}: the executor could not be forked: {answer['error']}: "
-                + tail.decode("utf-8", "replace").strip(),
+                f"sandbox {sandbox_id}: the executor could not be forked: {answer['error']}: " + await written(stderr),
                 sandbox_id=sandbox_id,
                 reason="spawn",
             )

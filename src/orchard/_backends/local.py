@@ -31,6 +31,7 @@ import sys
 import tempfile
 import time
 import warnings
+from collections.abc import Coroutine
 from typing import Any, BinaryIO
 
 import aiohttp
@@ -51,7 +52,7 @@ from ..errors import (
     UnisolatedWarning,
 )
 from . import LocalConfig
-from ._forks import ForkedExecutor, Zygote
+from ._forks import ForkedExecutor, Zygote, written
 
 _LAUNCH = "import sys; sys.path[:0] = {paths!r}; from orchard_executor.__main__ import main; main()"
 
@@ -780,7 +781,7 @@ class LocalBackend:
                 sandbox_id=sandbox_id,
                 reason="directory",
             ) from exc
-        work, state, tmp, run = subdirs
+        work, state, tmp, _ = subdirs
         workdir = spec.workdir or work
         try:
             created = not os.path.exists(workdir)
@@ -850,20 +851,7 @@ class LocalBackend:
             return await self._read_ready(ready, instance)
 
         try:
-            port = await asyncio.wait_for(started(), spec.start_timeout)
-            if self._bwrap:
-                instance.connect(os.path.join(run, _SOCKET))
-            else:
-                instance.base_url = f"http://127.0.0.1:{port}"
-        except TimeoutError:
-            await instance.delete()
-            raise SandboxTimeout(
-                f"sandbox {sandbox_id}: the executor was not ready within start_timeout={spec.start_timeout:g}s",
-                sandbox_id=sandbox_id,
-            ) from None
-        except BaseException:
-            await instance.delete()
-            raise
+            await self._serving(instance, started(), spec.start_timeout, spec)
         finally:
             ready.close()
             if info:
@@ -957,20 +945,7 @@ class LocalBackend:
             return await self._read_ready(ready, instance)
 
         try:
-            port = await asyncio.wait_for(started(), max(spec.start_timeout - (time.monotonic() - t0), 0))
-            if self._bwrap:
-                instance.connect(os.path.join(directory, "run", _SOCKET))
-            else:
-                instance.base_url = f"http://127.0.0.1:{port}"
-        except TimeoutError:
-            await instance.delete()
-            raise SandboxTimeout(
-                f"sandbox {sandbox_id}: the executor was not ready within start_timeout={spec.start_timeout:g}s",
-                sandbox_id=sandbox_id,
-            ) from None
-        except BaseException:
-            await instance.delete()
-            raise
+            await self._serving(instance, started(), max(spec.start_timeout - (time.monotonic() - t0), 0), spec)
         finally:
             ready.close()
         instance.timings["executor_ready"] = time.monotonic() - t0
@@ -1020,15 +995,31 @@ class LocalBackend:
             if raw.endswith(b"}") and await _read_pipe(up, b"\n") == b"\n":
                 return bwrap, json.loads(raw)
         await bwrap.wait()
-        tail = b""
-        with contextlib.suppress(TimeoutError):
-            tail = await asyncio.wait_for(stderr.read(_TAIL_BYTES), 0.5)
         raise SandboxStartError(
-            f"sandbox {sandbox_id}: bubblewrap exited at start ({bwrap.returncode}): "
-            + tail.decode("utf-8", "replace").strip(),
+            f"sandbox {sandbox_id}: bubblewrap exited at start ({bwrap.returncode}): " + await written(stderr),
             sandbox_id=sandbox_id,
             reason="exited",
         )
+
+    async def _serving(
+        self, instance: LocalInstance, started: Coroutine[Any, Any, int], timeout: float, spec: SandboxSpec
+    ) -> None:
+        """Connect to the executor once ``started`` (its port) is done; if it is not, delete the sandbox."""
+        try:
+            port = await asyncio.wait_for(started, timeout)
+            if self._bwrap:
+                instance.connect(os.path.join(instance.dir, "run", _SOCKET))
+            else:
+                instance.base_url = f"http://127.0.0.1:{port}"
+        except TimeoutError:
+            await instance.delete()
+            raise SandboxTimeout(
+                f"sandbox {instance.id}: the executor was not ready within start_timeout={spec.start_timeout:g}s",
+                sandbox_id=instance.id,
+            ) from None
+        except BaseException:
+            await instance.delete()
+            raise
 
     async def _read_ready(self, pipe: BinaryIO, instance: LocalInstance) -> int:
         """The port from the executor's ready line, or why it died first."""
