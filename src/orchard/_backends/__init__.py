@@ -29,7 +29,8 @@ class LocalConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fiel
     #: Fork each executor from one interpreter that imported it once (a fork server, started with the
     #: first sandbox) instead of starting a fresh interpreter per sandbox, whose import of the executor
     #: is most of a start. Under bubblewrap the fork joins the sandbox's namespaces and drops every
-    #: privilege, as bubblewrap's own process would. False: a fresh ``python`` per sandbox.
+    #: privilege, as bubblewrap's own process would. It needs Linux 5.3+ (pidfds); elsewhere, and with
+    #: False, each sandbox's executor is a fresh ``python``.
     fork: bool = True
 
 

@@ -24,6 +24,7 @@ import json
 import os
 import signal
 import socket
+import sys
 from typing import Any
 
 from ..errors import SandboxStartError
@@ -36,6 +37,17 @@ _TAIL_BYTES = 4000
 _TITLE_ROOM = 2048
 #: The status of an executor whose exit its zygote did not live to report.
 UNKNOWN_STATUS = -1
+
+
+def forks_work() -> bool:
+    """Whether the fork server can run here: Linux with pidfds (5.3+); elsewhere a fresh interpreter per sandbox."""
+    if sys.platform != "linux" or not hasattr(os, "pidfd_open"):
+        return False
+    try:
+        os.close(os.pidfd_open(os.getpid()))
+    except OSError:
+        return False
+    return True
 
 
 async def written(stream: asyncio.StreamReader) -> str:

@@ -52,7 +52,7 @@ from ..errors import (
     UnisolatedWarning,
 )
 from . import LocalConfig
-from ._forks import ForkedExecutor, Zygote, written
+from ._forks import ForkedExecutor, Zygote, forks_work, written
 
 _LAUNCH = "import sys; sys.path[:0] = {paths!r}; from orchard_executor.__main__ import main; main()"
 
@@ -707,7 +707,7 @@ class LocalBackend:
         found = find_isolation(config.isolation)
         self._bwrap: str | None = found[0] if found else None
         self._setpriv: str | None = found[1] if found else None
-        self._zygote = Zygote(self._python, paths) if config.fork else None
+        self._zygote = Zygote(self._python, paths) if config.fork and forks_work() else None
 
     def _environment(self, spec: SandboxSpec, workdir: str, tmp: str) -> dict[str, str]:
         env = {
