@@ -31,7 +31,7 @@ from ..errors import SandboxStartError
 
 #: The launch of the zygote; ``paths`` are where this process found the executor and its dependencies.
 LAUNCH = "import sys; sys.path[:0] = {paths!r}; from orchard_executor.zygote import main; main()"
-#: How much of the zygote's stderr is kept, for error messages.
+#: How much of a process's stderr (an executor's, the zygote's) the client keeps, for error messages.
 _TAIL_BYTES = 4000
 #: Bytes of command line each forked executor may show (its directories, not its token's hash).
 _TITLE_ROOM = 2048
@@ -48,6 +48,14 @@ def forks_work() -> bool:
     except OSError:
         return False
     return True
+
+
+async def tail_into(stream: asyncio.StreamReader | None, tail: bytearray) -> None:
+    """Keep the last bytes of a process's output (a pipe into this process: no file the sandbox could swap)."""
+    assert stream is not None
+    while chunk := await stream.read(65536):
+        tail += chunk
+        del tail[:-_TAIL_BYTES]
 
 
 async def written(stream: asyncio.StreamReader) -> str:
@@ -144,17 +152,11 @@ class Zygote:
             finally:
                 theirs.close()
             self._tail.clear()
-            self._drain = asyncio.create_task(self._keep_tail(self._proc.stderr))
+            self._drain = asyncio.create_task(tail_into(self._proc.stderr, self._tail))
             ours.setblocking(False)
             asyncio.get_running_loop().add_reader(ours, self._receive)
             self._sock = ours
             return ours
-
-    async def _keep_tail(self, stream: asyncio.StreamReader | None) -> None:
-        assert stream is not None
-        while chunk := await stream.read(65536):
-            self._tail += chunk
-            del self._tail[:-_TAIL_BYTES]
 
     def _receive(self) -> None:
         assert self._sock is not None

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import functools
 import json
 import os
 import shutil
@@ -52,15 +53,13 @@ from ..errors import (
     UnisolatedWarning,
 )
 from . import LocalConfig
-from ._forks import ForkedExecutor, Zygote, forks_work, written
+from ._forks import ForkedExecutor, Zygote, forks_work, tail_into, written
 
 _LAUNCH = "import sys; sys.path[:0] = {paths!r}; from orchard_executor.__main__ import main; main()"
 
 #: Where the executor's socket directory appears inside an isolated sandbox.
 _SOCKET_DIR = "/.orchard"
 _SOCKET = "executor.sock"
-#: How much of the executor's stderr the client keeps, for error messages.
-_TAIL_BYTES = 4000
 #: What /etc holds in an isolated sandbox: what programs need, nothing secret
 #: (passwd, group, hosts and, with a network, resolv.conf are written for the sandbox).
 _ETC = (
@@ -274,6 +273,19 @@ def bwrap_available() -> bool:
         return False
 
 
+def _not_ready(sandbox_id: str, spec: SandboxSpec) -> SandboxTimeout:
+    return SandboxTimeout(
+        f"sandbox {sandbox_id}: the executor was not ready within start_timeout={spec.start_timeout:g}s",
+        sandbox_id=sandbox_id,
+    )
+
+
+@functools.cache
+def _own_namespace(name: str) -> int:
+    """The inode of this process's namespace of that kind (they do not change)."""
+    return os.stat(f"/proc/self/ns/{name}").st_ino
+
+
 def _pin_namespaces(sandbox_id: str, child: dict[str, int]) -> list[tuple[str, int]]:
     """The namespaces of bwrap's first process (``child``: its ``--info-fd``), opened and checked, in join order.
 
@@ -290,7 +302,7 @@ def _pin_namespaces(sandbox_id: str, child: dict[str, int]) -> list[tuple[str, i
     opened: dict[str, int] = {}
 
     def own(name: str, fd: int) -> bool:
-        return os.fstat(fd).st_ino == os.stat(f"/proc/self/ns/{'user' if name == 'owner' else name}").st_ino
+        return os.fstat(fd).st_ino == _own_namespace("user" if name == "owner" else name)
 
     try:
         for name in ("user", "cgroup", "mnt", "pid", "net", "ipc", "uts"):
@@ -348,14 +360,6 @@ async def _read_pipe(pipe: BinaryIO, separator: bytes) -> bytes:
         transport.close()
 
 
-async def _tail_into(stream: asyncio.StreamReader | None, tail: bytearray) -> None:
-    """Keep the last bytes of a process's output (a pipe into this process: no file the sandbox could swap)."""
-    assert stream is not None
-    while chunk := await stream.read(65536):
-        tail += chunk
-        del tail[:-_TAIL_BYTES]
-
-
 class LocalInstance:
     """One executor process and its directory (and, with a network, its slirp4netns)."""
 
@@ -381,7 +385,7 @@ class LocalInstance:
         self.socket: str | None = None
         self.inode: tuple[int, int] | None = None
         self._stderr = bytearray()
-        self._drain = asyncio.create_task(_tail_into(self.proc.stderr, self._stderr))
+        self._drain = asyncio.create_task(tail_into(self.proc.stderr, self._stderr))
         #: The network helper (slirp4netns), and the pipe whose closing tells it to exit.
         self.helper: asyncio.subprocess.Process | None = None
         self._helper_exit: int | None = None
@@ -434,20 +438,15 @@ class LocalInstance:
         dropped), and exits when the pipe this instance holds closes: at
         ``delete()``, or when the client dies.
         """
-        await self.network(slirp4netns, await self.sandbox_info(info, self.proc))
-
-    async def sandbox_info(self, info: BinaryIO, bwrap: asyncio.subprocess.Process | ForkedExecutor) -> dict[str, int]:
-        """What bwrap wrote to its ``--info-fd``: its first process's pid and namespaces."""
         raw = await _read_pipe(info, b"}")
         if not raw.endswith(b"}"):
-            await bwrap.wait()
+            await self.proc.wait()
             raise SandboxStartError(
-                f"sandbox {self.id}: bubblewrap exited at start ({bwrap.returncode}): " + await self.tail(),
+                f"sandbox {self.id}: bubblewrap exited at start ({self.proc.returncode}): " + await self.tail(),
                 sandbox_id=self.id,
                 reason="exited",
             )
-        child: dict[str, int] = json.loads(raw)
-        return child
+        await self.network(slirp4netns, json.loads(raw))
 
     async def network(self, slirp4netns: str, child: dict[str, int]) -> None:
         """Start the network of the sandbox whose first process bwrap described in ``child``."""
@@ -455,7 +454,7 @@ class LocalInstance:
         pinned = [ready_w]
         with os.fdopen(ready_r, "rb", buffering=0) as ready:
             self.helper = helper = await self._spawn_helper(slirp4netns, child, pinned)
-            self._helper_drain = asyncio.create_task(_tail_into(helper.stderr, self._helper_stderr))
+            self._helper_drain = asyncio.create_task(tail_into(helper.stderr, self._helper_stderr))
             if await _read_pipe(ready, b"1") != b"1":
                 await helper.wait()
                 with contextlib.suppress(TimeoutError):
@@ -927,10 +926,7 @@ class LocalBackend:
             os.close(ready_r)
             _remove(directory)
             if isinstance(exc, TimeoutError):
-                raise SandboxTimeout(
-                    f"sandbox {sandbox_id}: the executor was not ready within start_timeout={spec.start_timeout:g}s",
-                    sandbox_id=sandbox_id,
-                ) from None
+                raise _not_ready(sandbox_id, spec) from None
             raise
         finally:
             for fd in [*sent, *(fd for _, fd in namespaces)]:
@@ -1013,10 +1009,7 @@ class LocalBackend:
                 instance.base_url = f"http://127.0.0.1:{port}"
         except TimeoutError:
             await instance.delete()
-            raise SandboxTimeout(
-                f"sandbox {instance.id}: the executor was not ready within start_timeout={spec.start_timeout:g}s",
-                sandbox_id=instance.id,
-            ) from None
+            raise _not_ready(instance.id, spec) from None
         except BaseException:
             await instance.delete()
             raise
