@@ -13,8 +13,12 @@ environment, memory, descriptors) are closed to the sandbox's code.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
+import socket
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -156,3 +160,34 @@ async def test_the_placeholder_first_process_cannot_be_killed_from_inside(local_
         r = await sb.exec("kill -9 1; kill -TERM 1; sleep 0.2; cat /proc/1/comm")
         assert r.stdout.strip().endswith("cat"), r.stdout
         assert (await sb.exec("echo alive")).stdout == "alive\n"
+
+
+async def test_the_zygote_answers_malformed_requests_with_an_error_and_keeps_serving() -> None:
+    """Requests that are not JSON, name an unknown namespace or bring the wrong number of fds: each an error reply."""
+    from orchard._backends._forks import LAUNCH
+    from orchard._backends.local import _import_paths
+
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    zygote = subprocess.Popen(
+        [sys.executable, "-I", "-c", LAUNCH.format(paths=_import_paths())], stdin=theirs, stderr=subprocess.DEVNULL
+    )
+    theirs.close()
+    ours.settimeout(WAIT)
+    try:
+        pipes = [fd for _ in range(2) for fd in os.pipe()]
+        request = {"argv": [], "env": {}, "cwd": "/", "hold": False}
+        for message, fds in [
+            (b"not json", pipes[:3]),
+            (json.dumps(request | {"namespaces": ["bogus"]}).encode(), pipes[:4]),
+            (json.dumps(request | {"namespaces": []}).encode(), pipes[:2]),
+        ]:
+            socket.send_fds(ours, [message], fds)
+            reply, got, _, _ = socket.recv_fds(ours, 65536, 4)
+            assert got == []
+            assert "error" in json.loads(reply), reply
+        assert zygote.poll() is None
+    finally:
+        ours.close()  # the zygote's cue to exit
+        assert zygote.wait(WAIT) == 0
+        for fd in pipes:
+            os.close(fd)
