@@ -886,16 +886,18 @@ class LocalBackend:
         err_r, err_w = os.pipe()
         ready_r, ready_w = os.pipe()
         stderr = asyncio.StreamReader()
-        stderr_pipe, _ = await loop.connect_read_pipe(
-            lambda: asyncio.StreamReaderProtocol(stderr), os.fdopen(err_r, "rb", 0)
-        )
+        err = os.fdopen(err_r, "rb", 0)
+        stderr_pipe: asyncio.BaseTransport | None = None
         # Ours to close once the zygote has its copies (or on failure).
         sent = [stdin_r, err_w, ready_w]
         namespaces: list[tuple[str, int]] = []
         bwrap: asyncio.subprocess.Process | None = None
         child: dict[str, int] = {}
         proc: ForkedExecutor | None = None
+        forking: asyncio.Future[ForkedExecutor] | None = None
         try:
+            # In the try: a start cancelled even here (a rollout's cancel) leaves no directory or pipe behind.
+            stderr_pipe, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(stderr), err)
             async with asyncio.timeout(spec.start_timeout):
                 if self._bwrap:
                     hold_r, hold_w = os.pipe()
@@ -915,11 +917,30 @@ class LocalBackend:
                     "hold": bwrap is not None,
                 }
                 fds = [*sent, *(fd for _, fd in namespaces)]
-                proc = await self._zygote.fork(sandbox_id, request, fds, stdin_w, stderr)
+                forking = asyncio.ensure_future(self._zygote.fork(sandbox_id, request, fds, stdin_w, stderr))
+                # Shielded: a start cancelled once its request is out waits for the executor to be forked,
+                # then ends it, so that nothing it writes to the directory outlives the directory's removal.
+                proc = await asyncio.shield(forking)
         except BaseException as exc:
-            if proc is None:
+            if forking is not None and proc is None:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(asyncio.wait([forking]), 5)
+                if not forking.done():
+                    forking.cancel()  # a stuck zygote: the fork, if it comes, finds its stdin closed
+                elif not forking.cancelled() and forking.exception() is None:
+                    proc = forking.result()
+            if proc is not None:
+                proc.stdin.close()
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(proc.wait(), 5)
+            else:
                 os.close(stdin_w)
+            if stderr_pipe is not None:
                 stderr_pipe.close()
+            else:
+                err.close()
             if bwrap is not None and bwrap.returncode is None:
                 bwrap.kill()
                 await bwrap.wait()
