@@ -26,7 +26,6 @@ import functools
 import json
 import os
 import shutil
-import stat
 import subprocess
 import sys
 import tempfile
@@ -46,13 +45,12 @@ from .._tls import Identity
 from ..errors import (
     ConfigError,
     OrchardError,
-    ProtocolError,
     SandboxLost,
     SandboxStartError,
     SandboxTimeout,
     UnisolatedWarning,
 )
-from . import LocalConfig
+from . import LocalConfig, _unix
 from ._forks import ForkedExecutor, Zygote, forks_work, tail_into, written
 
 _LAUNCH = "import sys; sys.path[:0] = {paths!r}; from orchard_executor.__main__ import main; main()"
@@ -336,17 +334,6 @@ def _pin_namespaces(sandbox_id: str, child: dict[str, int]) -> list[tuple[str, i
     return sorted(opened.items(), key=lambda item: order.index(item[0]))
 
 
-def _remove(directory: str) -> None:
-    """Delete a sandbox directory, even where the sandbox took its own write permission away."""
-    shutil.rmtree(directory, ignore_errors=True)
-    if os.path.lexists(directory):
-        for parent, dirs, _ in os.walk(directory):
-            for name in dirs:
-                with contextlib.suppress(OSError):
-                    os.chmod(os.path.join(parent, name), 0o700, follow_symlinks=False)
-        shutil.rmtree(directory, ignore_errors=True)
-
-
 async def _read_pipe(pipe: BinaryIO, separator: bytes) -> bytes:
     """Bytes from a pipe up to and including ``separator``, or what came before its EOF."""
     loop = asyncio.get_running_loop()
@@ -410,15 +397,10 @@ class LocalInstance:
         followed. Holding it also keeps the inode's number from being reused,
         which is how an attaching process recognises the socket (``describe``).
         """
-        fd = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
-        st = os.fstat(fd)
-        if not stat.S_ISSOCK(st.st_mode):
-            os.close(fd)
-            raise SandboxStartError(f"sandbox {self.id}: {path} is not a socket", sandbox_id=self.id, reason="socket")
+        fd, self.inode = _unix.hold(path, self.id)
         self._socket_fd = fd
         self.socket = path
-        self.inode = (st.st_dev, st.st_ino)
-        self.http = _socket_session(fd)
+        self.http = _unix.session(fd)
         self.base_url = "http://sandbox"
 
     def describe(self) -> dict[str, Any]:
@@ -593,16 +575,7 @@ class LocalInstance:
         if self._socket_fd is not None:
             os.close(self._socket_fd)
             self._socket_fd = None
-        await asyncio.to_thread(_remove, self.dir)
-
-
-def _socket_session(fd: int) -> aiohttp.ClientSession:
-    """An HTTP session whose connections go to the unix socket held by the O_PATH ``fd``."""
-    return aiohttp.ClientSession(
-        connector=aiohttp.UnixConnector(path=f"/proc/self/fd/{fd}", limit=0, keepalive_timeout=30),
-        cookie_jar=aiohttp.DummyCookieJar(),
-        auto_decompress=False,
-    )
+        await asyncio.to_thread(_unix.remove_tree, self.dir)
 
 
 class LocalAttachment:
@@ -612,7 +585,7 @@ class LocalAttachment:
         self.id = handle.sandbox_id
         self._handle = handle
         self._fd = fd
-        self.http = _socket_session(fd) if fd is not None else None
+        self.http = _unix.session(fd) if fd is not None else None
         self.base_url = "http://sandbox" if fd is not None else handle.url
         self.timings: dict[str, float] = {}
 
@@ -646,41 +619,6 @@ class LocalAttachment:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
-
-
-def _open_socket(handle: HandleFields) -> int:
-    """An O_PATH fd of the handle's executor socket, checked to be the very one its executor made.
-
-    The sandbox can write the socket's directory, so what is at the path now
-    may be a socket of the sandbox's own, waiting for the token: only the
-    inode the creating client holds open (whose number cannot be reused while
-    it does) is accepted.
-    """
-    assert handle.socket is not None
-    sid = handle.sandbox_id
-    try:
-        fd = os.open(handle.socket, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except FileNotFoundError:
-        raise SandboxLost(
-            f"sandbox {sid}: no executor socket at {handle.socket}: the sandbox was deleted, or the process "
-            "that created it ended (a local sandbox lives in its creating process)",
-            sandbox_id=sid,
-            reason="deleted",
-        ) from None
-    except OSError as exc:
-        raise ConfigError(
-            f"sandbox {sid}: cannot open its executor socket {handle.socket} ({exc.strerror}): attach a local "
-            "sandbox as the user that created it, on the same machine"
-        ) from None
-    st = os.fstat(fd)
-    if not stat.S_ISSOCK(st.st_mode) or (st.st_dev, st.st_ino) != handle.inode:
-        os.close(fd)
-        raise ProtocolError(
-            f"sandbox {sid}: {handle.socket} is not its executor's socket (something in the sandbox replaced "
-            "it); the token was not sent",
-            sandbox_id=sid,
-        )
-    return fd
 
 
 class LocalBackend:
@@ -788,7 +726,7 @@ class LocalBackend:
             if created and self._bwrap and self._as_root:
                 os.chown(workdir, self._uid, self._gid)
         except OSError as exc:
-            _remove(directory)
+            _unix.remove_tree(directory)
             raise ConfigError(f"workdir={spec.workdir!r} cannot be created: {exc}") from exc
         options = [
             f"--token-sha256={token_sha256}",
@@ -826,7 +764,7 @@ class LocalBackend:
             os.close(ready_r)
             if slirp4netns:
                 os.close(info_r)
-            _remove(directory)
+            _unix.remove_tree(directory)
             raise SandboxStartError(
                 f"cannot run the executor with {self._python!r}: {exc}; set LocalConfig(python=...)",
                 sandbox_id=sandbox_id,
@@ -945,7 +883,7 @@ class LocalBackend:
                 bwrap.kill()
                 await bwrap.wait()
             os.close(ready_r)
-            _remove(directory)
+            _unix.remove_tree(directory)
             if isinstance(exc, TimeoutError):
                 raise _not_ready(sandbox_id, spec) from None
             raise
@@ -1059,7 +997,7 @@ class LocalBackend:
             )
         if handle.socket is None:
             return LocalAttachment(handle)
-        return LocalAttachment(handle, _open_socket(handle))
+        return LocalAttachment(handle, _unix.open_handle(handle, "a local sandbox lives in its creating process"))
 
     async def aclose(self) -> None:
         """The fork server ends (sandboxes are deleted by the client)."""

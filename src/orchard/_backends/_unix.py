@@ -1,0 +1,89 @@
+"""Executors on unix sockets in directories their sandbox can write (local, docker).
+
+The sandbox can replace what is at the socket's path (with a socket of its
+own waiting for the token, or a symlink to one of the host's), so the client
+never connects by path: it opens the socket once, without following links,
+as its executor made it, holds that O_PATH descriptor and connects through
+``/proc/self/fd``. Holding it also keeps the inode's number from being
+reused, which is how an attaching process recognises the socket.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import stat
+
+import aiohttp
+
+from .._handle import HandleFields
+from ..errors import ConfigError, ProtocolError, SandboxLost, SandboxStartError
+
+
+def hold(path: str, sandbox_id: str) -> tuple[int, tuple[int, int]]:
+    """An O_PATH fd of the socket at ``path`` (never a link followed), and its (st_dev, st_ino)."""
+    fd = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+    st = os.fstat(fd)
+    if not stat.S_ISSOCK(st.st_mode):
+        os.close(fd)
+        raise SandboxStartError(f"sandbox {sandbox_id}: {path} is not a socket", sandbox_id=sandbox_id, reason="socket")
+    return fd, (st.st_dev, st.st_ino)
+
+
+def session(fd: int) -> aiohttp.ClientSession:
+    """An HTTP session whose connections go to the unix socket held by the O_PATH ``fd``."""
+    return aiohttp.ClientSession(
+        connector=aiohttp.UnixConnector(path=f"/proc/self/fd/{fd}", limit=0, keepalive_timeout=30),
+        cookie_jar=aiohttp.DummyCookieJar(),
+        auto_decompress=False,
+    )
+
+
+def open_handle(handle: HandleFields, lives: str) -> int:
+    """An O_PATH fd of the handle's executor socket, checked to be the very one its executor made.
+
+    What is at the path now may be a socket of the sandbox's own: only the
+    inode the creating client holds open (whose number cannot be reused while
+    it does) is accepted. ``lives`` says where the sandbox lives, for the
+    error when the socket is gone.
+    """
+    assert handle.socket is not None
+    sid = handle.sandbox_id
+    try:
+        fd = os.open(handle.socket, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise SandboxLost(
+            f"sandbox {sid}: no executor socket at {handle.socket}: the sandbox was deleted, or the process "
+            f"that created it ended ({lives})",
+            sandbox_id=sid,
+            reason="deleted",
+        ) from None
+    except OSError as exc:
+        raise ConfigError(
+            f"sandbox {sid}: cannot open its executor socket {handle.socket} ({exc.strerror}): attach it "
+            "as the user that created it, on the same machine"
+        ) from None
+    st = os.fstat(fd)
+    if not stat.S_ISSOCK(st.st_mode) or (st.st_dev, st.st_ino) != handle.inode:
+        os.close(fd)
+        raise ProtocolError(
+            f"sandbox {sid}: {handle.socket} is not its executor's socket (something in the sandbox replaced "
+            "it); the token was not sent",
+            sandbox_id=sid,
+        )
+    return fd
+
+
+def remove_tree(directory: str) -> None:
+    """Delete a directory a sandbox wrote, even where it took its own write permission away.
+
+    Links are removed, never followed.
+    """
+    shutil.rmtree(directory, ignore_errors=True)
+    if os.path.lexists(directory):
+        for parent, dirs, _ in os.walk(directory):
+            for name in dirs:
+                with contextlib.suppress(OSError):
+                    os.chmod(os.path.join(parent, name), 0o700, follow_symlinks=False)
+        shutil.rmtree(directory, ignore_errors=True)
