@@ -12,7 +12,9 @@ keeper in this process; a claim lists the pool's pods, wins one by a
 compare-and-swap patch and re-keys it). On local (``local``: bubblewrap,
 ``local-none``: unisolated) cold starts are forks of the backend's fork
 server, measured against a fresh interpreter per sandbox (``fork=False``),
-the fork server started before the figures. Each figure is the time
+the fork server started before the figures. On docker they use the unix
+transport (the default: a socket in a bind-mounted directory, no network),
+measured against ``transport="tcp"`` (TLS on a bridge network). Each figure is the time
 from ``client.create`` to the answer of ``exec("true")``. Cold and warm runs
 alternate per sample, so the machine's load hits both alike. The cold starts'
 phases (``sb.timings``: when each startup step ended, from the create call)
@@ -47,6 +49,15 @@ IMAGES = {
     "docker": "orchard-test/busybox:latest",
     "kubernetes": "orchard-test/busybox:latest",
 }
+
+
+def baseline(backend: str, root: str) -> tuple[str, Any] | None:
+    """What a backend's cold starts are measured against in the same run: (its key in the figures, its config)."""
+    if backend.startswith("local"):
+        return "fresh", config(backend, root, fork=False)  # a fresh interpreter per sandbox
+    if backend == "docker":
+        return "tcp", orchard.DockerConfig(transport="tcp")  # TLS to the executor on Orchard's bridge network
+    return None
 
 
 def config(backend: str, root: str, *, fork: bool = True) -> Any:
@@ -105,15 +116,18 @@ async def backend_figures(backend: str, runs: int, burst: int) -> dict[str, Any]
         warm_client = orchard.Client(config(backend, root), warm={image: max(1, burst)})
         shared = Shared(max(1, burst)) if backend == "kubernetes" else None
         keeping = asyncio.create_task(shared.keeper.run()) if shared is not None else None
-        # Local: the fork server's cold starts against a fresh interpreter per sandbox (fork=False).
-        fresh_client = orchard.Client(config(backend, root, fork=False)) if backend.startswith("local") else None
+        # Local: the fork server's cold starts against a fresh interpreter per sandbox (fork=False);
+        # docker: the unix transport's against tcp.
+        base = baseline(backend, root)
+        base_client = orchard.Client(base[1]) if base is not None else None
         async with cold_client, warm_client, contextlib.AsyncExitStack() as stack:
             if shared is not None:
                 await stack.enter_async_context(shared.client)
-            if fresh_client is not None:
-                await stack.enter_async_context(fresh_client)
-                # The fork server starts with the first sandbox: once, before the figures.
+            if base_client is not None:
+                await stack.enter_async_context(base_client)
+                # What each client does once (the fork server, a network, the runtime volume), before the figures.
                 await first_command(cold_client, image)
+                await first_command(base_client, image)
 
             async def settled() -> None:
                 """Every pool full: no refill of one competes with a claim from another."""
@@ -122,10 +136,10 @@ async def backend_figures(backend: str, runs: int, burst: int) -> dict[str, Any]
                     await shared.full()
 
             await settled()
-            cold, warm, shared_warm, fresh, missed, phases = [], [], [], [], 0, []
+            cold, warm, shared_warm, based, missed, phases = [], [], [], [], 0, []
             for _ in range(runs):
-                if fresh_client is not None:
-                    fresh.append((await first_command(fresh_client, image))[0])
+                if base_client is not None:
+                    based.append((await first_command(base_client, image))[0])
                 cold.append((await first_command(cold_client, image, phases))[0])
                 await settled()
                 seconds, claimed = await first_command(warm_client, image)
@@ -137,10 +151,10 @@ async def backend_figures(backend: str, runs: int, burst: int) -> dict[str, Any]
                     shared_warm.append(seconds)
                     missed += not claimed
             # The burst's figure is its slowest sandbox: when the whole group has answered.
-            fresh_burst = None
-            if fresh_client is not None:
-                fresh_burst = max(
-                    s for s, _ in await asyncio.gather(*(first_command(fresh_client, image) for _ in range(burst)))
+            base_burst = None
+            if base_client is not None:
+                base_burst = max(
+                    s for s, _ in await asyncio.gather(*(first_command(base_client, image) for _ in range(burst)))
                 )
             cold_burst = max(
                 s for s, _ in await asyncio.gather(*(first_command(cold_client, image) for _ in range(burst)))
@@ -160,8 +174,8 @@ async def backend_figures(backend: str, runs: int, burst: int) -> dict[str, Any]
             with contextlib.suppress(asyncio.CancelledError):
                 await keeping
     extra = {"shared": stats(shared_warm), "shared_burst_s": shared_burst} if shared is not None else {}
-    if fresh:
-        extra |= {"fresh": stats(fresh), "fresh_burst_s": fresh_burst}
+    if base is not None:
+        extra |= {base[0]: stats(based), f"{base[0]}_burst_s": base_burst}
     return {
         "backend": backend,
         "image": image,
@@ -189,6 +203,12 @@ def show(r: dict[str, Any]) -> None:
         print(
             " " * 12 + f"a fresh interpreter per sandbox (fork=False): p50/p99 ms {f['p50_ms']:.1f}/{f['p99_ms']:.1f} "
             f"(the fork server {f['p50_ms'] / c['p50_ms']:.1f}x faster); {r['burst']} at once {r['fresh_burst_s']:.2f} s"
+        )
+    if "tcp" in r:
+        t = r["tcp"]
+        print(
+            " " * 12 + f"transport tcp (TLS on a bridge network): p50/p99 ms {t['p50_ms']:.1f}/{t['p99_ms']:.1f} "
+            f"(unix {t['p50_ms'] / c['p50_ms']:.1f}x faster); {r['burst']} at once {r['tcp_burst_s']:.2f} s"
         )
     if "shared" in r:
         s = r["shared"]

@@ -179,7 +179,8 @@ async def test_malformed_handles_are_invalid_handle_errors_that_never_show_the_t
             "orchard1:" + base64.urlsafe_b64encode(b"\x93\x01\x02\x03").decode(),
             "orchard1:" + base64.urlsafe_b64encode(raw[:-3]).decode(),
             "orchard1:" + "A" * 5000,
-            _reencoded(good, backend="docker"),  # for another backend: and no fingerprint
+            _reencoded(good, backend="kubernetes"),  # a socket on kubernetes, no namespace, port or fingerprint
+            _reencoded(good, backend="docker", url="http://127.0.0.1:1", socket=None),  # on a network, no fingerprint
             _reencoded(good, backend="ec2"),
             _reencoded(good, token=""),
             _reencoded(good, sandbox_id="../../images/x"),  # an id the backend puts in an API path

@@ -219,7 +219,13 @@ async def serve(args: argparse.Namespace, environ: dict[str, str] | None = None)
     assert runner.server is not None
     if args.unix:
         sock = socket.socket(socket.AF_UNIX)
-        sock.bind(args.unix)
+        # Readable and writable by all (connecting needs write): the client may be another uid than
+        # this executor's (on docker, the image's user); the socket's directory decides who reaches it.
+        umask = os.umask(0o111)
+        try:
+            sock.bind(args.unix)
+        finally:
+            os.umask(umask)
         sock.listen(1024)
     else:
         sock = socket.create_server((args.host, args.port), backlog=1024)

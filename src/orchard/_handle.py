@@ -4,10 +4,10 @@ A handle is ``"orchard1:"`` followed by the URL-safe base64 (unpadded) of a
 msgpack map with short keys: the backend, the sandbox id, where its executor
 answers, its bearer token and what the client pins or holds to reach it
 safely (the TLS certificate's SHA-256 on docker and kubernetes; on isolated
-local sandboxes the unix socket's path and the identity of its inode, which
-the creating client keeps open so no other file can take it). The version
-in the prefix changes when the encoding does; a newer field an older client
-does not know is ignored.
+local and docker sandboxes on a unix socket its path and the identity of
+its inode, which the creating client keeps open so no other file can take
+it). The version in the prefix changes when the encoding does; a newer
+field an older client does not know is ignored.
 
 The token is in it, so a handle is a secret: whoever holds it can run
 commands in the sandbox. ``repr`` of a ``Handle`` hides it (a handle in a
@@ -39,13 +39,13 @@ class HandleFields(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True
 
     backend: str = msgspec.field(name="b")
     sandbox_id: str = msgspec.field(name="i")
-    #: The executor's base URL ("" for an isolated local sandbox's unix socket).
+    #: The executor's base URL ("" for a unix socket).
     url: str = msgspec.field(name="u")
     token: str = msgspec.field(name="t")
     image: str = msgspec.field(default="", name="m")
     #: SHA-256 of the executor's TLS certificate (docker, kubernetes).
     fingerprint: bytes | None = msgspec.field(default=None, name="f")
-    #: An isolated local sandbox's executor socket, and its (st_dev, st_ino).
+    #: The executor's unix socket (isolated local, docker's transport unix), and its (st_dev, st_ino).
     socket: str | None = msgspec.field(default=None, name="s")
     inode: tuple[int, int] | None = msgspec.field(default=None, name="n")
     #: Kubernetes: the pod's namespace and the executor's port in it.
@@ -128,13 +128,13 @@ def _check(f: HandleFields) -> None:
     if not _ID.fullmatch(f.sandbox_id) or not f.token:
         raise _bad("no sandbox id (a pod or container name) or no token")
     if f.socket is not None:
-        if f.backend != "local" or f.inode is None or not f.socket.startswith("/"):
+        if f.backend == "kubernetes" or f.inode is None or not f.socket.startswith("/"):
             raise _bad("a socket without its inode, or not absolute")
     elif not f.url.startswith(("http://", "https://")):
         raise _bad("no executor address")
     if f.url.startswith("https://") and (f.fingerprint is None or len(f.fingerprint) != 32):
         raise _bad("an https executor without the SHA-256 of its certificate")
-    if f.backend in ("docker", "kubernetes") and f.fingerprint is None:
-        raise _bad(f"a {f.backend} executor without the SHA-256 of its certificate")
+    if f.backend in ("docker", "kubernetes") and f.fingerprint is None and f.socket is None:
+        raise _bad(f"a {f.backend} executor on a network without the SHA-256 of its certificate")
     if f.backend == "kubernetes" and (not f.namespace or f.port is None or not 0 < f.port < 65536):
         raise _bad("a kubernetes sandbox without its namespace or port")

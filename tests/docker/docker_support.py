@@ -112,6 +112,8 @@ def executor_source_hash() -> str:
 def networks_of(sandbox_id: str) -> dict[str, bool]:
     """The Docker networks a sandbox's container is on, each with whether the engine made it internal (no route out).
 
+    ``{"none": False}``: no network at all, only the container's loopback.
+
     Asked of the engine rather than tried from inside: a test sends no traffic beyond this machine.
     """
     (found,) = containers(f"orchard.dev/sandbox={sandbox_id}")

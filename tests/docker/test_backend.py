@@ -33,7 +33,7 @@ async def test_one_container_per_sandbox_from_the_task_image_and_removed_on_exit
         assert ia["State"]["Running"]
         # The task image's command is replaced by the launcher, which runs the injected runtime.
         assert ia["Config"]["Entrypoint"][0] == "/.orchard/runtime/lib/ld.so"
-        assert ia["Config"]["Cmd"][:2] == ["--host=0.0.0.0", "--port=8750"]
+        assert ia["Config"]["Cmd"][0] == "--unix=/.orchard-socket/executor.sock"
         # The task image's own setting stays: the repository is the working directory.
         assert (await a.info()).cwd == "/testbed"
         assert "calc.py" in [e.name for e in await a.list_dir(".")]
@@ -46,7 +46,7 @@ async def test_the_runtime_volume_is_shared_read_only_and_filled_once(docker_rea
     async with orchard.Client("docker") as one, orchard.Client("docker") as two:
         a = await one.create(BUSYBOX)
         b = await two.create(SWE)
-        mounts = [inspect(sb.id)["Mounts"] for sb in (a, b)]  # type: ignore[index]
+        mounts = [[m for m in inspect(sb.id)["Mounts"] if m["Type"] == "volume"] for sb in (a, b)]  # type: ignore[index]
         assert mounts[0] == mounts[1]
         (mount,) = mounts[0]
         assert (mount["Type"], mount["Destination"], mount["RW"]) == ("volume", "/.orchard", False)
@@ -62,10 +62,13 @@ async def test_the_runtime_volume_is_shared_read_only_and_filled_once(docker_rea
     assert left == []
 
 
-async def test_labels_and_the_executor_reached_on_orchards_bridge(
-    sandbox: SandboxFactory, client: orchard.Client
-) -> None:
-    sb = await sandbox(BUSYBOX, labels={"team": "rl"}, annotations={"run": "7"})
+async def test_labels_and_the_executor_reached_on_orchards_bridge(docker_ready: str) -> None:
+    async with orchard.Client(DockerConfig(transport="tcp")) as client:
+        sb = await client.create(BUSYBOX, labels={"team": "rl"}, annotations={"run": "7"})
+        await _labels_and_bridge(sb, client)
+
+
+async def _labels_and_bridge(sb: orchard.Sandbox, client: orchard.Client) -> None:
     info = inspect(sb.id)
     assert info is not None
     labels = info["Config"]["Labels"]

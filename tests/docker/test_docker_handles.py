@@ -53,7 +53,9 @@ async def test_an_owner_deletes_the_container_when_it_closes(docker_ready: str) 
 
 
 async def test_a_wrong_token_a_wrong_certificate_and_a_deleted_sandbox_fail_typed(docker_ready: str) -> None:
-    async with orchard.Client("docker") as creator, orchard.Client("docker") as other:
+    # Executors on the network (a unix socket's impostor: tests/docker/test_docker_unix.py).
+    tcp = orchard.DockerConfig(transport="tcp")
+    async with orchard.Client(tcp) as creator, orchard.Client(tcp) as other:
         sb = await creator.create(SWE, workdir=WORKDIR)
         handle = sb.handle()
         with pytest.raises(AuthError):

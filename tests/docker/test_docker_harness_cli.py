@@ -138,8 +138,8 @@ async def fix_with(client: orchard.Client, gateway: orchard.ModelGateway, harnes
         # No bytecode from this run: the fix keeps calc.py's size and may land in the same second, so Python
         # would trust a stale calc.pyc and the fixed tests would still fail.
         assert (await sb.exec(RUN_TESTS, env=NO_PYC)).exit_code != 0
-        # No route out (the engine says the only network is internal): the gateway is reached only through the tunnel.
-        assert networks_of(sb.id) == {"orchard-internal": True}
+        # No route out (the engine says: no network, only the loopback): the gateway is reached only through the tunnel.
+        assert networks_of(sb.id) == {"none": False}
         r = await sb.exec(command(harness, "Fix the failing test in calc.py"), env=env, timeout=180)
         assert r.exit_code == 0, (r.stdout, r.stderr)
         check = await sb.exec(RUN_TESTS)

@@ -79,8 +79,8 @@ async def test_mini_fixes_a_bug_with_the_network_closed(
             await sb.write_file("test_calc.py", TESTS)
             # No bytecode from this run: a same-size fix in the same second would leave a stale calc.pyc trusted.
             assert (await sb.exec("python3 test_calc.py", env={"PYTHONDONTWRITEBYTECODE": "1"})).exit_code != 0
-            # No route out (the engine says the only network is internal): the gateway is reached only through the tunnel.
-            assert networks_of(sb.id) == {"orchard-internal": True}
+            # No route out (the engine says: no network, only the loopback): the gateway is reached only through the tunnel.
+            assert networks_of(sb.id) == {"none": False}
             # model=gateway put the model, its address and key, and mini's settings in the environment.
             r = await sb.exec(
                 "mini -y --exit-immediately -t 'Fix the failing test in calc.py' -o /tmp/traj.json", timeout=300

@@ -13,7 +13,7 @@ import textwrap
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
-from docker_support import SWE, SandboxFactory, inspect
+from docker_support import SWE, SandboxFactory, engine, inspect
 
 import orchard
 from orchard._backends import DockerConfig
@@ -237,8 +237,11 @@ async def connects(sb: orchard.Sandbox, host: str, port: int) -> bool:
 
 
 @pytest.mark.parametrize("network", [False, True])
-async def test_a_sandbox_cannot_reach_another_sandboxs_executor(sandbox: SandboxFactory, network: bool) -> None:
-    a, b = await asyncio.gather(sandbox(SWE, network=network), sandbox(SWE, network=network))
+async def test_a_sandbox_cannot_reach_another_sandboxs_executor(custom: list[orchard.Client], network: bool) -> None:
+    # On a network: with network=True, or on transport tcp (with the default unix transport, a
+    # network=False sandbox has no network: tests/docker/test_docker_unix.py).
+    client = client_with(custom, transport="tcp")
+    a, b = await asyncio.gather(client.create(SWE, network=network), client.create(SWE, network=network))
     b_ip, _ = container_address(b.id)
     a_ip, _ = container_address(a.id)
     assert not await connects(a, b_ip, 8750)
@@ -268,10 +271,18 @@ def accepted(server: socket.socket) -> bool:
     return True
 
 
-async def test_network_false_has_no_egress_not_even_to_this_host(sandbox: SandboxFactory) -> None:
-    sb = await sandbox(SWE)  # network=False is the spec's default
-    _, gateway = container_address(sb.id)
-    assert gateway, "the sandbox's network has no gateway"
+@pytest.mark.parametrize("transport", ["unix", "tcp"])
+async def test_network_false_has_no_egress_not_even_to_this_host(custom: list[orchard.Client], transport: str) -> None:
+    sb = await client_with(custom, transport=transport).create(SWE)  # network=False is the spec's default
+    if transport == "tcp":
+        _, gateway = container_address(sb.id)
+        assert gateway, "the sandbox's network has no gateway"
+    else:
+        # No network at all: not even the address at which Docker's default bridge reaches this host.
+        assert list(inspect(sb.id)["NetworkSettings"]["Networks"]) == ["none"]  # type: ignore[index]
+        status, bridge = engine("GET", "/networks/bridge")
+        assert status == 200, bridge
+        gateway = bridge["IPAM"]["Config"][0]["Gateway"]
     with listener(gateway) as (server, port):
         assert not await connects(sb, gateway, port)
         assert not accepted(server)

@@ -8,14 +8,23 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+from collections.abc import AsyncIterator
 
 import pytest
 from docker_support import SWE, SandboxFactory
 
+import orchard
 from orchard.errors import ProtocolError
 from support import captured_tcp, to_executor
 
 pytestmark = pytest.mark.docker
+
+
+@pytest.fixture
+async def client(docker_ready: str) -> AsyncIterator[orchard.Client]:
+    """Executors on the network (transport tcp), whose traffic these tests examine."""
+    async with orchard.Client(orchard.DockerConfig(transport="tcp")) as client:
+        yield client
 
 
 async def test_the_token_and_the_data_cross_the_bridge_only_encrypted(sandbox: SandboxFactory) -> None:

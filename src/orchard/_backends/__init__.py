@@ -111,7 +111,19 @@ class DockerConfig(msgspec.Struct, kw_only=True, frozen=True, tag="docker", forb
     #: The harness tools image (images/tools, built by scripts/docker-setup.sh); a volume is filled
     #: from it once, for sandboxes with ``tools=[...]``.
     tools_image: str = "orchard-tools:latest"
-    #: Port the executor listens on inside the container, reached at the container's address.
+    #: How the client reaches each executor. ``"unix"``: a unix socket in a directory of
+    #: ``socket_dir`` bind-mounted into the container, no TLS, and a sandbox with ``network=False``
+    #: has no network at all (only its loopback). ``"tcp"``: TLS to the container's address on
+    #: Orchard's bridge network (or to its port published on 127.0.0.1, with ``network``), which
+    #: costs about 100 ms more per start. ``"auto"``: unix where the engine is reached on a local
+    #: unix socket and no ``network`` is set, else tcp.
+    transport: Literal["auto", "unix", "tcp"] = "auto"
+    #: The directory of the executors' socket directories (default: ~/.cache/orchard/docker).
+    #: The engine bind-mounts them, so it must see this path as the client does (an engine in
+    #: another machine or container cannot: use transport="tcp"). Each sandbox can write into
+    #: its own, as into its container's filesystem: keep it on a disk, not on a tmpfs.
+    socket_dir: str | None = None
+    #: Port the executor listens on inside the container (transport tcp), reached at the container's address.
     executor_port: int = 8750
     #: A Docker network to join instead of Orchard's own (the executor port is then published on
     #: 127.0.0.1): the spec's ``network=False`` and the isolation between sandboxes are then yours.

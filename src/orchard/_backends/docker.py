@@ -4,29 +4,37 @@ The executor is injected, never built in: a volume is filled once (per
 injector image) from the image built by ``Dockerfile.executor``, mounted
 read-only at ``/.orchard`` in every sandbox container, and the container's
 command is replaced by the bundled launcher, which needs nothing from the
-image. Exec and files go straight to the executor at the container's address
-on its bridge; everything else goes through the Docker Engine API on its
-socket (``docker_engine``, aiohttp, never the docker CLI).
+image. Exec and files go straight to the executor; everything else goes
+through the Docker Engine API on its socket (``docker_engine``, aiohttp,
+never the docker CLI).
+
+The executor is reached (``DockerConfig.transport``) on a unix socket in a
+directory of the client's bind-mounted into the container (``unix``, where
+the engine is on this machine): a sandbox with ``network=False`` then has no
+network at all. Or over TLS at the container's address on Orchard's bridge
+(``tcp``), or through its port published on 127.0.0.1 with
+``DockerConfig.network``.
 
 Every container is hardened (``DockerConfig`` documents each default): all
 capabilities dropped but the few a root task needs (``CAPABILITIES``),
 ``no-new-privileges``, pids, nofile and memory limits, a private IPC
-namespace, and Orchard's own network with inter-container traffic off:
-``orchard-internal`` (no route out) for ``network=False``, ``orchard-egress``
-for ``network=True``. Docker leaves one door open: a container reaches this
-host at its bridge's address, where services listening on every interface
-answer. The host's firewall closes it for ``orchard-int``, the internal
-network's bridge (``scripts/docker-setup.sh`` adds the rules).
+namespace, and no network or Orchard's own with inter-container traffic
+off: ``orchard-internal`` (no route out; transport tcp) for
+``network=False``, ``orchard-egress`` for ``network=True``. Docker leaves
+one door open: a container on a bridge reaches this host at the bridge's
+address, where services listening on every interface answer. The host's
+firewall closes it for ``orchard-int``, the internal network's bridge
+(``scripts/docker-setup.sh`` adds the rules).
 
 Every container carries labels (sandbox, session, owning process, expiry),
 so ``collect_garbage`` (``orchard gc --backend docker``) can remove what a
-dead client left behind without any server.
+dead client left behind without any server, its socket directories too.
 
 Enforced from the spec: image (and its pull policy), cpu, memory (no swap
 on top), env, workdir, labels and annotations (both as labels), ttl,
 idle_timeout and network. Not: the Kubernetes scheduling fields. The engine
-must run on this machine: the executor is reached on its bridge (or, with
-``DockerConfig.network``, through its port published on 127.0.0.1).
+must run on this machine: the executor is reached on its socket, its bridge
+or its port published on 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -37,6 +45,7 @@ import json
 import os
 import re
 import socket
+import tempfile
 import time
 from typing import Any
 
@@ -48,7 +57,7 @@ from .._spec import SandboxSpec
 from .._tls import ENV as TLS_ENV
 from .._tls import Identity, pin
 from ..errors import ConfigError, InvalidHandle, OrchardError, SandboxLost, SandboxStartError, SandboxTimeout
-from . import DockerConfig
+from . import DockerConfig, _unix
 from .bundle import MOUNT, install, launcher
 from .docker_engine import ContainerSummary, DockerError, Engine, Network
 
@@ -61,6 +70,9 @@ EXPIRES_LABEL = "orchard.dev/expires-at"
 INJECTOR_LABEL = "orchard.dev/injector-image"
 #: How long an unreachable executor's container may take to be seen as stopped.
 DIAGNOSE_GRACE = 5.0
+#: Where a unix-transport sandbox's socket directory is mounted, and its executor's socket in it.
+SOCKET_MOUNT = "/.orchard-socket"
+SOCKET = "executor.sock"
 #: Runtime volumes this process has filled, by (engine, injector image id):
 #: every Client after the first one skips the installer.
 _FILLED: dict[tuple[str, str], str] = {}
@@ -159,6 +171,7 @@ def container_config(
     config: DockerConfig | None = None,
     network: str | None = None,
     tls_pem: str | None = None,
+    socket_dir: str | None = None,
 ) -> dict[str, Any]:
     """The ``POST /containers/create`` body for one sandbox.
 
@@ -168,7 +181,8 @@ def container_config(
     and the executor's TLS key and certificate (``tls_pem``), for its own use.
     The container is hardened as ``config`` says (see ``DockerConfig``); it
     joins ``network``, or ``config.network`` with its port published on
-    127.0.0.1.
+    127.0.0.1. With ``socket_dir`` (transport unix) the executor listens on a
+    socket in that host directory, mounted at ``SOCKET_MOUNT``, instead.
     """
     config = config or DockerConfig()
     if spec.workdir and not spec.workdir.startswith("/"):
@@ -188,7 +202,8 @@ def container_config(
     }
     if spec.ttl is not None:
         labels[EXPIRES_LABEL] = f"{created_at + spec.ttl:.0f}"
-    args = ["--host=0.0.0.0", f"--port={port}", f"--token-sha256={token_sha256}"]
+    listen = [f"--unix={SOCKET_MOUNT}/{SOCKET}"] if socket_dir is not None else ["--host=0.0.0.0", f"--port={port}"]
+    args = [*listen, f"--token-sha256={token_sha256}"]
     if spec.idle_timeout is not None:
         args.append(f"--idle-timeout={spec.idle_timeout:g}")
     if spec.workdir:
@@ -200,6 +215,8 @@ def container_config(
         args.append(f"--path-append={_tools.path_dirs(spec.tools)}")
         # The source is set by the backend, once the tools volume is filled.
         mounts.append({"Type": "volume", "Source": "", "Target": _tools.ROOT, "ReadOnly": True})
+    if socket_dir is not None:
+        mounts.append({"Type": "bind", "Source": socket_dir, "Target": SOCKET_MOUNT})
     host: dict[str, Any] = {
         "Mounts": mounts,
         "CapDrop": ["ALL"],
@@ -214,8 +231,9 @@ def container_config(
         host["Runtime"] = config.runtime
     if config.network:
         host["NetworkMode"] = config.network
+    if config.network and socket_dir is None:
         host["PortBindings"] = {f"{port}/tcp": [{"HostIp": "127.0.0.1", "HostPort": ""}]}
-    elif network:
+    if network and not config.network:
         host["NetworkMode"] = network
     if spec.cpu is not None:
         host["NanoCpus"] = nano_cpus(spec.cpu)
@@ -232,7 +250,7 @@ def container_config(
         "Cmd": args,
         "Env": [f"{k}={v}" for k, v in spec.env.items()] + ([f"{TLS_ENV}={tls_pem}"] if tls_pem else []),
         "Labels": labels,
-        "ExposedPorts": {f"{port}/tcp": {}},
+        **({} if socket_dir is not None else {"ExposedPorts": {f"{port}/tcp": {}}}),
         "StopTimeout": 1,
         # The image's own health check would probe a service the sandbox does not run.
         "Healthcheck": {"Test": ["NONE"]},
@@ -241,6 +259,27 @@ def container_config(
     if spec.workdir:
         body["WorkingDir"] = spec.workdir
     return body
+
+
+def transport(config: DockerConfig, engine: str) -> str:
+    """``"unix"`` or ``"tcp"``: how a client of ``engine`` (its address) reaches its executors."""
+    local = engine.startswith("unix://")
+    if config.transport == "unix" and not local:
+        raise ConfigError(
+            f"DockerConfig(transport='unix') needs an engine on this machine's unix socket, not {engine!r}: "
+            "the engine bind-mounts the executors' socket directories; use transport='tcp'"
+        )
+    if config.transport == "auto":
+        return "unix" if local and not config.network else "tcp"
+    return config.transport
+
+
+def socket_root(config: DockerConfig) -> str:
+    """The directory of the clients' socket directories (``DockerConfig.socket_dir``)."""
+    if config.socket_dir:
+        return os.path.abspath(config.socket_dir)
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(cache, "orchard", "docker")
 
 
 def _process_identity(pid: int) -> str | None:
@@ -329,7 +368,13 @@ class DockerInstance:
     """A sandbox container."""
 
     def __init__(
-        self, engine: Engine, sandbox_id: str, container_id: str, t0: float, fingerprint: bytes | None = None
+        self,
+        engine: Engine,
+        sandbox_id: str,
+        container_id: str,
+        t0: float,
+        fingerprint: bytes | None = None,
+        directory: str | None = None,
     ) -> None:
         self._engine = engine
         self.id = sandbox_id
@@ -337,6 +382,13 @@ class DockerInstance:
         self.base_url = ""
         #: SHA-256 of the executor's TLS certificate (it speaks https when set).
         self.fingerprint = fingerprint
+        #: Transport unix: the socket directory this client made for it (removed with it).
+        self.directory = directory
+        #: Transport unix: the HTTP session for its executor's socket, the socket and its (st_dev, st_ino).
+        self.http: aiohttp.ClientSession | None = None
+        self.socket: str | None = None
+        self.inode: tuple[int, int] | None = None
+        self._socket_fd: int | None = None
         self.timings: dict[str, float] = {}
         self._t0 = t0
         #: False for a sandbox attached without ``owner``: ``delete`` then leaves the container be.
@@ -407,8 +459,18 @@ class DockerInstance:
         reason, message = fate
         return SandboxLost(f"sandbox {self.id}: {message}", sandbox_id=self.id, reason=reason)
 
+    def connect(self, path: str, fd: int | None = None, inode: tuple[int, int] | None = None) -> None:
+        """Talk to the executor over its unix socket at ``path``, held by inode (``_unix``)."""
+        if fd is None:
+            fd, inode = _unix.hold(path, self.id)
+        self._socket_fd, self.socket, self.inode = fd, path, inode
+        self.http = _unix.session(fd)
+        self.base_url = "http://sandbox"
+
     def describe(self) -> dict[str, Any]:
-        """Its executor's address (``HandleFields``)."""
+        """Its executor's address, or its socket's path and inode (``HandleFields``)."""
+        if self.socket is not None:
+            return {"url": "", "socket": self.socket, "inode": self.inode}
         return {"url": self.base_url}
 
     async def delete(self) -> None:
@@ -418,15 +480,23 @@ class DockerInstance:
         self._deleted = True
         if self._ttl is not None:
             self._ttl.cancel()
-        if self.owned:
-            await self._engine.remove(self.container_id)
+        try:
+            if self.owned:
+                await self._engine.remove(self.container_id)
+        finally:
+            if self.http is not None:
+                await self.http.close()
+            if self._socket_fd is not None:
+                os.close(self._socket_fd)
+                self._socket_fd = None
+            if self.directory is not None:
+                await asyncio.to_thread(_unix.remove_tree, self.directory)
 
 
 class DockerBackend:
     """Runs each sandbox as a container of its task image on a Docker engine."""
 
     name = "docker"
-    tls = True
     tools = True
     changes_root: str | None = "/"
 
@@ -441,6 +511,11 @@ class DockerBackend:
         self._volume_lock = asyncio.Lock()
         self._networks: dict[bool, str] = {}
         self._network_lock = asyncio.Lock()
+        self.unix = transport(config, self._engine.address) == "unix"
+        #: Its executors are reached over TLS on a network (transport tcp), or on unix sockets.
+        self.tls = not self.unix
+        #: Transport unix: this client's directory of socket directories, made with the first sandbox.
+        self._sockets: str | None = None
 
     async def runtime_volume(self) -> str:
         """The volume holding the executor runtime, filled from the injector image once."""
@@ -465,6 +540,25 @@ class DockerBackend:
                 name, bridge = NETWORKS[egress]
                 self._networks[egress] = await ensure_network(self._engine, name, bridge, egress=egress)
             return self._networks[egress]
+
+    def _socket_directory(self, sandbox_id: str) -> str:
+        """A new directory for a sandbox's executor socket, which the image's user can write."""
+        if self._sockets is None:
+            root = socket_root(self.config)
+            try:
+                os.makedirs(root, mode=0o700, exist_ok=True)
+                # Named after this process (``owner_label``), so that ``orchard gc`` knows when it is orphaned.
+                owner = self._owner.split("/", 1)[1].replace("/", "-")
+                self._sockets = tempfile.mkdtemp(prefix=f"{owner}-", dir=root)
+            except OSError as exc:
+                raise ConfigError(
+                    f"cannot make the executors' socket directory in {root} ({exc.strerror}): set "
+                    "DockerConfig(socket_dir=...) to a directory this user may write"
+                ) from None
+        directory = os.path.join(self._sockets, sandbox_id)
+        os.mkdir(directory)
+        os.chmod(directory, 0o777)  # noqa: S103 (the executor runs as the image's user; the parent is 0700)
+        return directory
 
     async def _fill_volume(self) -> str:
         injector = self.config.injector_image
@@ -549,6 +643,23 @@ class DockerBackend:
     ) -> DockerInstance:
         """Create and start the container; return once its executor answers."""
         t0 = time.monotonic()
+        directory = self._socket_directory(sandbox_id) if self.unix else None
+        try:
+            return await self._start(spec, sandbox_id, token_sha256, tls, t0, directory)
+        except BaseException:
+            if directory is not None:
+                await asyncio.shield(asyncio.to_thread(_unix.remove_tree, directory))
+            raise
+
+    async def _start(
+        self,
+        spec: SandboxSpec,
+        sandbox_id: str,
+        token_sha256: str,
+        tls: Identity | None,
+        t0: float,
+        directory: str | None,
+    ) -> DockerInstance:
         # Built first, so that a bad option fails before anything is done on the engine.
         body = container_config(
             spec,
@@ -561,15 +672,19 @@ class DockerBackend:
             created_at=time.time(),
             config=self.config,
             tls_pem=tls.pem if tls is not None else None,
+            socket_dir=directory,
         )
         try:
             async with asyncio.timeout(spec.start_timeout):
                 body["HostConfig"]["Mounts"][0]["Source"] = await self.runtime_volume()
                 if spec.tools:
                     body["HostConfig"]["Mounts"][1]["Source"] = await self.tools_volume()
-                body["HostConfig"]["NetworkMode"] = await self.sandbox_network(spec.network)
+                if directory is not None and not spec.network and not self.config.network:
+                    body["HostConfig"]["NetworkMode"] = "none"  # only its loopback: nothing to reach it by
+                else:
+                    body["HostConfig"]["NetworkMode"] = await self.sandbox_network(spec.network)
                 await self._ensure_image(spec, sandbox_id)
-                return await self._create_and_start(spec, sandbox_id, body, t0, tls)
+                return await self._create_and_start(spec, sandbox_id, body, t0, tls, directory)
         except TimeoutError:
             raise SandboxTimeout(
                 f"sandbox {sandbox_id} was not ready within start_timeout={spec.start_timeout:g}s",
@@ -587,7 +702,13 @@ class DockerBackend:
             ) from exc
 
     async def _create_and_start(
-        self, spec: SandboxSpec, sandbox_id: str, body: dict[str, Any], t0: float, tls: Identity | None
+        self,
+        spec: SandboxSpec,
+        sandbox_id: str,
+        body: dict[str, Any],
+        t0: float,
+        tls: Identity | None,
+        directory: str | None,
     ) -> DockerInstance:
         create = asyncio.ensure_future(
             self._engine.request("POST", "/containers/create", params={"name": sandbox_id}, body=body)
@@ -611,7 +732,7 @@ class DockerBackend:
             await asyncio.shield(self._discard(create, sandbox_id))
             raise
         instance = DockerInstance(
-            self._engine, sandbox_id, created["Id"], t0, tls.fingerprint if tls is not None else None
+            self._engine, sandbox_id, created["Id"], t0, tls.fingerprint if tls is not None else None, directory
         )
         instance.mark("created")
         try:
@@ -649,6 +770,11 @@ class DockerBackend:
             return f"; DockerConfig(runtime={self.config.runtime!r}) names a runtime this engine does not have"
         if "capadd" in message or "capability" in message:
             return f"; check DockerConfig(cap_add={self.config.cap_add!r})"
+        if "bind source path does not exist" in message:
+            return (
+                f"; the engine does not see {socket_root(self.config)} (it runs in another container or machine): "
+                "set DockerConfig(socket_dir=...) to a directory it shares, or transport='tcp'"
+            )
         if "rlimit" in message:
             return f"; DockerConfig(nofile={self.config.nofile}) may be above the engine's own open file limit"
         return ""
@@ -661,7 +787,10 @@ class DockerBackend:
         )
 
     async def _wait_ready(self, instance: DockerInstance) -> None:
-        """Poll /healthz on the published port, failing as soon as the container stops."""
+        """Poll /healthz on its socket or address, failing as soon as the container stops."""
+        if instance.directory is not None:
+            await self._poll(instance, os.path.join(instance.directory, SOCKET))
+            return
         info = await self._engine.inspect(instance.container_id)
         scheme = "http" if instance.fingerprint is None else "https"
         if self.config.network:
@@ -679,20 +808,27 @@ class DockerBackend:
             if address is None:
                 raise await self._died(instance)
             instance.base_url = f"{scheme}://{address}:{self.config.executor_port}"
+        await self._poll(instance, None)
+
+    async def _poll(self, instance: DockerInstance, socket_path: str | None) -> None:
         stopped = asyncio.ensure_future(self._engine.wait(instance.container_id))
         try:
             for delay in _retry.poll_delays():
                 if stopped.done():
                     raise await self._died(instance)
+                # The first socket at the path is the executor's: nothing else has run in the container yet.
+                if socket_path is not None and instance.http is None and os.path.lexists(socket_path):
+                    instance.connect(socket_path)
                 # Until the executor listens, the port proxy accepts and then hangs up.
                 with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):
-                    async with self._http.get(
-                        f"{instance.base_url}/healthz",
-                        timeout=aiohttp.ClientTimeout(total=2.0),
-                        ssl=pin(instance.fingerprint),
-                    ) as resp:
-                        if resp.status == 200:
-                            return
+                    if socket_path is None or instance.http is not None:
+                        async with (instance.http or self._http).get(
+                            f"{instance.base_url}/healthz",
+                            timeout=aiohttp.ClientTimeout(total=2.0),
+                            ssl=pin(instance.fingerprint),
+                        ) as resp:
+                            if resp.status == 200:
+                                return
                 await asyncio.wait([stopped], timeout=delay)
         finally:
             stopped.cancel()
@@ -719,14 +855,37 @@ class DockerBackend:
         instance.owned = owner
         if not info.state.running:
             raise await instance.diagnose() or SandboxLost(f"sandbox {sid} has ended", sandbox_id=sid)
+        if handle.socket is not None:
+            fd = _unix.open_handle(handle, "a docker sandbox's socket is its creating client's")
+            instance.connect(handle.socket, fd, handle.inode)
         return instance
 
     async def aclose(self) -> None:
-        """Close the Engine API session (sandboxes are deleted by the client)."""
+        """Close the Engine API session (sandboxes are deleted by the client) and remove the empty socket directory."""
         await self._engine.close()
+        if self._sockets is not None:
+            with contextlib.suppress(OSError):  # not empty: a sandbox handed to another owner (``orchard gc``)
+                os.rmdir(self._sockets)
 
 
 # -- Inventory and garbage collection (``orchard ls`` / ``orchard gc``) --
+
+
+def _orphaned_sockets(root: str, hostname: str, dry_run: bool) -> list[tuple[str, str]]:
+    """Remove the socket directories (``DockerBackend._socket_directory``) of clients that are gone."""
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return []
+    removed = []
+    for name in names:
+        pid, _, rest = name.partition("-")
+        started = rest.rpartition("-")[0]
+        if owner_alive(f"{hostname}/{pid}/{started}", hostname) is False:
+            if not dry_run:
+                _unix.remove_tree(os.path.join(root, name))
+            removed.append((name, "orphaned socket directory"))
+    return removed
 
 
 async def list_sandboxes(config: DockerConfig) -> list[dict[str, str]]:
@@ -773,6 +932,7 @@ async def collect_garbage(config: DockerConfig, *, dry_run: bool = False) -> lis
             for container_id, _, _ in doomed:
                 await engine.remove(container_id)
         removed = [(name, why) for _, name, why in doomed]
+        removed += await asyncio.to_thread(_orphaned_sockets, socket_root(config), hostname, dry_run)
         # Runtime and tools volumes of images that are gone; one in use stays (409).
         for role in ("runtime", "tools"):
             volumes = json.loads(
