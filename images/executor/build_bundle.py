@@ -20,6 +20,7 @@ the commands the executor runs. The directory is relocatable.
 from __future__ import annotations
 
 import argparse
+import ast
 import hashlib
 import os
 import re
@@ -109,6 +110,60 @@ SITE_JUNK = re.compile(r".*\.(c|h|pyx|pxd|pyi|cpp)$|py\.typed$")
 #: benchmarks/bench_forward.py), and frozenlist's C++ module alone would
 #: map libstdc++ (about 1 MB of resident memory) into every executor.
 SITE_DROP = re.compile(r"aiohttp/_websocket/(reader_c|mask)\.cpython-.*\.so$|frozenlist/_frozenlist\.cpython-.*\.so$")
+
+
+#: Packages whose ``__init__`` imports all their submodules, made to import each one when
+#: one of its names is first used (PEP 562): aiohttp's imports its whole HTTP client
+#: (about 30 ms of every executor start, measured), which the executor, a server, never uses.
+LAZY_PACKAGES = ("aiohttp",)
+_LAZY_GETATTR = """
+
+_LAZY = {names!r}
+_SUBMODULES = {modules!r}
+
+
+def __getattr__(name):
+    import importlib
+
+    if name in _LAZY:
+        module, attr = _LAZY[name]
+        value = getattr(importlib.import_module("." + module, __name__), attr)
+    elif name in _SUBMODULES:
+        value = importlib.import_module("." + name, __name__)
+    else:
+        return {fallback}(name)
+    globals()[name] = value
+    return value
+
+
+def _no_attribute(name):
+    raise AttributeError(f"module {{__name__!r}} has no attribute {{name!r}}")
+"""
+
+
+def lazy_init(path: str) -> None:
+    """Rewrite a package's ``__init__.py``: each ``from .module import name`` runs when ``name`` is first used.
+
+    The package's own ``__getattr__``, if any, still answers other names.
+    """
+    with open(path) as f:
+        tree = ast.parse(f.read())
+    names: dict[str, tuple[str, str]] = {}
+    body: list[ast.stmt] = []
+    fallback = "_no_attribute"
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module:
+            names.update({alias.asname or alias.name: (node.module, alias.name) for alias in node.names})
+            continue
+        if isinstance(node, ast.FunctionDef) and node.name == "__getattr__":
+            node.name = fallback = "_package_getattr"
+        body.append(node)
+    if not names:
+        raise SystemExit(f"build_bundle: {path} imports nothing from its submodules to make lazy")
+    modules = sorted({module.split(".")[0] for module, _ in names.values()})
+    code = ast.unparse(ast.Module(body=body, type_ignores=[]))
+    with open(path, "w") as f:
+        f.write(code + _LAZY_GETATTR.format(names=names, modules=modules, fallback=fallback))
 
 
 def _install_wheels(wheels: str, site: str) -> list[str]:
@@ -254,6 +309,8 @@ def main() -> None:
     site = os.path.join(stdlib, "site-packages")
     os.makedirs(site)
     wheels = _install_wheels(args.wheels, site)
+    for package in LAZY_PACKAGES:
+        lazy_init(os.path.join(site, package, "__init__.py"))
     shutil.copytree(
         args.executor,
         os.path.join(site, "orchard_executor"),
