@@ -10,7 +10,6 @@ import base64
 import json
 import pickle
 import socket
-import textwrap
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -19,18 +18,17 @@ import msgspec
 import pytest
 
 import orchard
-from handles_support import attach_in_child, token_of
+from handles_support import a_swapped_socket_never_gets_the_token, attach_in_child, token_of
 from orchard import _handle
 from orchard.errors import (
     AuthError,
     ConfigError,
     InvalidHandle,
-    ProtocolError,
     SandboxClosed,
     SandboxLost,
     SandboxTimeout,
 )
-from support import eventually, unisolated_ok
+from support import unisolated_ok
 
 pytestmark = pytest.mark.executor
 
@@ -236,26 +234,6 @@ async def test_an_executor_that_never_answers_is_a_timeout_not_a_hang(
         await attacher.attach(frozen, timeout=1)
 
 
-SWAP = textwrap.dedent(
-    """
-    import os, socket
-    path = "/.orchard/executor.sock"
-    os.unlink(path)
-    fake = socket.socket(socket.AF_UNIX)
-    fake.bind(path)
-    os.chmod(path, 0o777)
-    fake.listen(8)
-    open("/tmp/listening", "w").close()
-    while True:
-        conn, _ = fake.accept()
-        data = conn.recv(65536)
-        with open("/tmp/captured", "ab") as f:
-            f.write(data)
-        conn.close()
-    """
-)
-
-
 async def test_a_socket_the_sandbox_swapped_in_never_gets_the_token(local_root: Path) -> None:
     # An isolated sandbox can write its socket's directory: it replaces the executor's socket
     # with its own, waiting for whoever attaches next to send the token.
@@ -264,14 +242,4 @@ async def test_a_socket_the_sandbox_swapped_in_never_gets_the_token(local_root: 
         orchard.Client(orchard.LocalConfig(isolation="bwrap")) as attacher,
         creator.sandbox() as sb,
     ):
-        handle = sb.handle()
-        await sb.write_file("/tmp/swap.py", SWAP)
-        await sb.start_process(["python3", "/tmp/swap.py"])
-        await eventually(lambda: sb.exists("/tmp/listening"), what="the fake socket listens")
-        with pytest.raises(ProtocolError, match="not its executor's socket"):
-            await attacher.attach(handle, timeout=5)
-        captured = await sb.read_file("/tmp/captured") if await sb.exists("/tmp/captured") else b""
-        assert token_of(handle).encode() not in captured
-        assert b"Bearer" not in captured
-        # The creator still reaches its executor through the inode it holds.
-        assert (await sb.exec("echo mine")).stdout == "mine\n"
+        await a_swapped_socket_never_gets_the_token(sb, attacher, "/.orchard/executor.sock")

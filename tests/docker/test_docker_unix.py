@@ -14,11 +14,10 @@ import pytest
 from docker_support import BUSYBOX, NONROOT, SWE, inspect
 
 import orchard
-from handles_support import token_of
+from handles_support import a_swapped_socket_never_gets_the_token
 from orchard import DockerConfig
 from orchard._backends.docker import collect_garbage, owner_label
-from orchard.errors import ConfigError, ProtocolError
-from support import eventually
+from orchard.errors import ConfigError
 
 pytestmark = pytest.mark.docker
 
@@ -110,41 +109,11 @@ def test_unix_needs_an_engine_on_this_machine() -> None:
     assert transport(DockerConfig(transport="tcp"), "unix:///var/run/docker.sock") == "tcp"
 
 
-SWAP = textwrap.dedent(
-    """
-    import os, socket
-    path = "/.orchard-socket/executor.sock"
-    os.unlink(path)
-    fake = socket.socket(socket.AF_UNIX)
-    fake.bind(path)
-    os.chmod(path, 0o777)
-    fake.listen(8)
-    open("/tmp/listening", "w").close()
-    while True:
-        conn, _ = fake.accept()
-        data = conn.recv(65536)
-        with open("/tmp/captured", "ab") as f:
-            f.write(data)
-        conn.close()
-    """
-)
-
-
 async def test_a_socket_the_sandbox_swapped_in_never_gets_the_token(client: orchard.Client) -> None:
     # The sandbox can write its socket's directory: it replaces the executor's socket with its own,
     # waiting for whoever attaches next to send the token.
     async with orchard.Client("docker") as attacher, client.sandbox(SWE) as sb:
-        handle = sb.handle()
-        await sb.write_file("/tmp/swap.py", SWAP)
-        await sb.start_process(["python3", "/tmp/swap.py"])
-        await eventually(lambda: sb.exists("/tmp/listening"), what="the fake socket listens")
-        with pytest.raises(ProtocolError, match="not its executor's socket"):
-            await attacher.attach(handle, timeout=5)
-        captured = await sb.read_file("/tmp/captured") if await sb.exists("/tmp/captured") else b""
-        assert token_of(handle).encode() not in captured
-        assert b"Bearer" not in captured
-        # The creator still reaches its executor through the inode it holds.
-        assert (await sb.exec("echo mine")).stdout == "mine\n"
+        await a_swapped_socket_never_gets_the_token(sb, attacher, "/.orchard-socket/executor.sock")
 
 
 async def test_what_a_sandbox_leaves_in_its_socket_directory_goes_and_links_are_not_followed(
