@@ -5,11 +5,13 @@
 Issue 11 asked for one of two designs, measured: TLS to the executor (a key
 pair per sandbox, the certificate pinned; what Orchard does) or requests
 signed with the token (HMAC over method, path, body hash, time and nonce,
-replay refused). On the docker backend, same run, same machine:
+replay refused). On the docker backend with its executors on the network
+(``transport="tcp"``; the default unix transport needs neither), same run,
+same machine:
 
 - ``plain``: the executor without TLS (the docker backend told not to use
   it; the bearer token in clear): the baseline.
-- ``tls``: the default; keep-alive connections, as the client pools them.
+- ``tls``: tcp's default; keep-alive connections, as the client pools them.
 - HMAC adds no round trip: its cost is the client signing and the executor
   verifying each request (SHA-256 of the body, HMAC, a nonce lookup), CPU
   measured here with the stdlib and added to the plain figures.
@@ -40,7 +42,6 @@ from _stats import pct
 
 import orchard
 from orchard import _tls
-from orchard._backends.docker import DockerBackend
 
 IMAGE = "orchard-test/swe:latest"
 
@@ -75,37 +76,44 @@ async def connect_times(sb: orchard.Sandbox, n: int) -> list[float]:
 
 
 async def measure(tls: bool, reps: int, mib: int) -> dict[str, Any]:
-    DockerBackend.tls = tls  # the baseline: this benchmark alone turns TLS off
     payload = os.urandom(mib << 20)
-    async with orchard.Client(orchard.DockerConfig()) as client, client.sandbox(IMAGE) as sb:
-        for _ in range(20):
-            await sb.exec(["true"])
-        exec_t = await timed(reps, lambda: sb.exec(["true"]))
-        small = os.urandom(1024)
-        write_t = await timed(reps, lambda: sb.write_file("/tmp/small", small))
-        read_t = await timed(reps, lambda: sb.read_file("/tmp/small"))
-        up, down = [], []
-        for _ in range(3):
-            t0 = time.perf_counter()
-            await sb.write_file("/tmp/big", payload)
-            up.append(time.perf_counter() - t0)
-            t0 = time.perf_counter()
-            got = await sb.read_file("/tmp/big")
-            down.append(time.perf_counter() - t0)
-            assert got == payload
-        status = (await sb.exec(["cat", "/proc/1/status"])).stdout
-        kib = {line.split(":")[0]: int(line.split()[1]) for line in status.splitlines() if line.startswith("Rss")}
-        return {
-            "exec_true": ms(exec_t),
-            "write_1k": ms(write_t),
-            "read_1k": ms(read_t),
-            "connect": ms(await connect_times(sb, reps // 3)),
-            "upload_mib_s": mib / statistics.median(up),
-            "download_mib_s": mib / statistics.median(down),
-            # Private memory: the bundle's files (libssl included) are page cache shared by every sandbox.
-            "executor_rss_anon_mib": kib["RssAnon"] / 1024,
-            "executor_rss_file_mib": kib["RssFile"] / 1024,
-        }
+    # Executors on the network (transport tcp), where TLS is the default.
+    async with orchard.Client(orchard.DockerConfig(transport="tcp")) as client:
+        backend, _ = await client._ensure_open()
+        backend.tls = tls  # the baseline: this benchmark alone turns TLS off
+        async with client.sandbox(IMAGE) as sb:
+            return await _measured(sb, reps, payload)
+
+
+async def _measured(sb: orchard.Sandbox, reps: int, payload: bytes) -> dict[str, Any]:
+    for _ in range(20):
+        await sb.exec(["true"])
+    exec_t = await timed(reps, lambda: sb.exec(["true"]))
+    small = os.urandom(1024)
+    write_t = await timed(reps, lambda: sb.write_file("/tmp/small", small))
+    read_t = await timed(reps, lambda: sb.read_file("/tmp/small"))
+    up, down = [], []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        await sb.write_file("/tmp/big", payload)
+        up.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        got = await sb.read_file("/tmp/big")
+        down.append(time.perf_counter() - t0)
+        assert got == payload
+    status = (await sb.exec(["cat", "/proc/1/status"])).stdout
+    kib = {line.split(":")[0]: int(line.split()[1]) for line in status.splitlines() if line.startswith("Rss")}
+    return {
+        "exec_true": ms(exec_t),
+        "write_1k": ms(write_t),
+        "read_1k": ms(read_t),
+        "connect": ms(await connect_times(sb, reps // 3)),
+        "upload_mib_s": len(payload) / (1 << 20) / statistics.median(up),
+        "download_mib_s": len(payload) / (1 << 20) / statistics.median(down),
+        # Private memory: the bundle's files (libssl included) are page cache shared by every sandbox.
+        "executor_rss_anon_mib": kib["RssAnon"] / 1024,
+        "executor_rss_file_mib": kib["RssFile"] / 1024,
+    }
 
 
 def hmac_cost(reps: int, body: bytes) -> float:
