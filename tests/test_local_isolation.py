@@ -258,3 +258,19 @@ async def test_no_isolation_warns_once_per_backend(local_root: Path) -> None:
     unisolated = [w for w in caught if issubclass(w.category, UnisolatedWarning)]
     assert len(unisolated) == 1, [str(w.message) for w in caught]
     assert "unisolated" in str(unisolated[0].message)
+
+
+@pytest.mark.parametrize("squat", ["others may write it", "another user owns it"])
+async def test_a_root_another_user_could_change_is_refused(tmp_path: Path, squat: str) -> None:
+    # Another user who made /tmp/orchard-<uid> first (or any directory others may write) could swap a
+    # socket of theirs in for an executor's before the client holds it, and be sent the sandbox's token.
+    root = tmp_path / "squatted"
+    root.mkdir()
+    if squat == "others may write it":
+        root.chmod(0o777)
+    else:
+        os.chown(root, 65534, 65534)  # the tests run as root (scripts/test); nobody's
+    async with orchard.Client(orchard.LocalConfig(root=str(root))) as client:
+        with pytest.raises(errors.ConfigError, match="not this user's own directory"):
+            await client.create()
+    assert os.listdir(root) == []

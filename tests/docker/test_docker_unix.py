@@ -162,3 +162,11 @@ async def test_orchard_gc_removes_the_socket_directories_of_a_dead_client(tmp_pa
     assert (sandbox_id, "orphaned") in removed
     assert os.listdir(tmp_path) == [mine.name]
     assert inspect(sandbox_id) is None
+
+
+async def test_a_socket_directory_others_may_write_is_refused(tmp_path: Path, docker_ready: str) -> None:
+    tmp_path.chmod(0o777)
+    async with orchard.Client(DockerConfig(socket_dir=str(tmp_path))) as client:
+        with pytest.raises(ConfigError, match="not this user's own directory"):
+            await client.create(BUSYBOX)
+    assert os.listdir(tmp_path) == []

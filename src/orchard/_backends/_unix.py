@@ -75,6 +75,24 @@ def open_handle(handle: HandleFields, lives: str) -> int:
     return fd
 
 
+def private_dir(path: str, option: str) -> None:
+    """Make ``path`` if missing (0700), and check that only this user can change what is in it.
+
+    A directory another user made first (a squatted ``/tmp/orchard-<uid>``),
+    or one others may write, would let them swap a socket of theirs in for an
+    executor's before the client first holds it, and be sent its token.
+    ``option`` names the setting that chooses another.
+    """
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    st = os.stat(path)
+    if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        raise ConfigError(
+            f"{path} is not this user's own directory (owner uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):o}): "
+            f"another user could put a socket of theirs in an executor's place there; remove it, or set {option} "
+            "to a directory only you can write"
+        )
+
+
 def remove_tree(directory: str) -> None:
     """Delete a directory a sandbox wrote, even where it took its own write permission away.
 

@@ -546,7 +546,7 @@ class DockerBackend:
         if self._sockets is None:
             root = socket_root(self.config)
             try:
-                os.makedirs(root, mode=0o700, exist_ok=True)
+                _unix.private_dir(root, "DockerConfig(socket_dir=...)")
                 # Named after this process (``owner_label``), so that ``orchard gc`` knows when it is orphaned.
                 owner = self._owner.split("/", 1)[1].replace("/", "-")
                 self._sockets = tempfile.mkdtemp(prefix=f"{owner}-", dir=root)

@@ -704,7 +704,7 @@ class LocalBackend:
             raise ConfigError(f"workdir={spec.workdir!r} must be an absolute path")
         slirp4netns = find_slirp4netns() if spec.network and self._bwrap else None
         try:
-            os.makedirs(self._root, mode=0o700, exist_ok=True)
+            _unix.private_dir(self._root, "LocalConfig(root=...)")
             directory = tempfile.mkdtemp(prefix=f"{sandbox_id}-", dir=self._root)
             subdirs = [os.path.join(directory, d) for d in ("work", "state", "tmp", "run")]
             for d in subdirs:
