@@ -14,6 +14,7 @@ import contextlib
 import os
 import shutil
 import stat
+from typing import Any
 
 import aiohttp
 
@@ -21,27 +22,43 @@ from .._handle import HandleFields
 from ..errors import ConfigError, ProtocolError, SandboxLost, SandboxStartError
 
 
-def hold(path: str, sandbox_id: str) -> tuple[int, tuple[int, int]]:
-    """An O_PATH fd of the socket at ``path`` (never a link followed), and its (st_dev, st_ino)."""
+class Held:
+    """An executor's socket held by an O_PATH fd, and the HTTP session whose connections go through it."""
+
+    def __init__(self, path: str, fd: int, inode: tuple[int, int]) -> None:
+        self.path, self.fd, self.inode = path, fd, inode
+        self.http = aiohttp.ClientSession(
+            connector=aiohttp.UnixConnector(path=f"/proc/self/fd/{fd}", limit=0, keepalive_timeout=30),
+            cookie_jar=aiohttp.DummyCookieJar(),
+            auto_decompress=False,
+        )
+
+    def describe(self) -> dict[str, Any]:
+        """Its path and inode, as a handle carries them (``HandleFields``)."""
+        return {"url": "", "socket": self.path, "inode": self.inode}
+
+    async def close(self) -> None:
+        """Close its connections and let go of the socket."""
+        await self.http.close()
+        os.close(self.fd)
+
+
+def _open(path: str) -> tuple[int, os.stat_result]:
     fd = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
-    st = os.fstat(fd)
+    return fd, os.fstat(fd)
+
+
+def hold(path: str, sandbox_id: str) -> Held:
+    """The socket its executor just made at ``path`` (never a link followed), held."""
+    fd, st = _open(path)
     if not stat.S_ISSOCK(st.st_mode):
         os.close(fd)
         raise SandboxStartError(f"sandbox {sandbox_id}: {path} is not a socket", sandbox_id=sandbox_id, reason="socket")
-    return fd, (st.st_dev, st.st_ino)
+    return Held(path, fd, (st.st_dev, st.st_ino))
 
 
-def session(fd: int) -> aiohttp.ClientSession:
-    """An HTTP session whose connections go to the unix socket held by the O_PATH ``fd``."""
-    return aiohttp.ClientSession(
-        connector=aiohttp.UnixConnector(path=f"/proc/self/fd/{fd}", limit=0, keepalive_timeout=30),
-        cookie_jar=aiohttp.DummyCookieJar(),
-        auto_decompress=False,
-    )
-
-
-def open_handle(handle: HandleFields, lives: str) -> int:
-    """An O_PATH fd of the handle's executor socket, checked to be the very one its executor made.
+def open_handle(handle: HandleFields, lives: str) -> Held:
+    """The handle's executor socket, held once checked to be the very one its executor made.
 
     What is at the path now may be a socket of the sandbox's own: only the
     inode the creating client holds open (whose number cannot be reused while
@@ -51,7 +68,7 @@ def open_handle(handle: HandleFields, lives: str) -> int:
     assert handle.socket is not None
     sid = handle.sandbox_id
     try:
-        fd = os.open(handle.socket, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd, st = _open(handle.socket)
     except FileNotFoundError:
         raise SandboxLost(
             f"sandbox {sid}: no executor socket at {handle.socket}: the sandbox was deleted, or the process "
@@ -64,7 +81,6 @@ def open_handle(handle: HandleFields, lives: str) -> int:
             f"sandbox {sid}: cannot open its executor socket {handle.socket} ({exc.strerror}): attach it "
             "as the user that created it, on the same machine"
         ) from None
-    st = os.fstat(fd)
     if not stat.S_ISSOCK(st.st_mode) or (st.st_dev, st.st_ino) != handle.inode:
         os.close(fd)
         raise ProtocolError(
@@ -72,7 +88,7 @@ def open_handle(handle: HandleFields, lives: str) -> int:
             "it); the token was not sent",
             sandbox_id=sid,
         )
-    return fd
+    return Held(handle.socket, fd, handle.inode)
 
 
 def private_dir(path: str, option: str) -> None:

@@ -384,11 +384,8 @@ class DockerInstance:
         self.fingerprint = fingerprint
         #: Transport unix: the socket directory this client made for it (removed with it).
         self.directory = directory
-        #: Transport unix: the HTTP session for its executor's socket, the socket and its (st_dev, st_ino).
-        self.http: aiohttp.ClientSession | None = None
-        self.socket: str | None = None
-        self.inode: tuple[int, int] | None = None
-        self._socket_fd: int | None = None
+        #: Transport unix: its executor's socket, once connected.
+        self.held: _unix.Held | None = None
         self.timings: dict[str, float] = {}
         self._t0 = t0
         #: False for a sandbox attached without ``owner``: ``delete`` then leaves the container be.
@@ -459,19 +456,19 @@ class DockerInstance:
         reason, message = fate
         return SandboxLost(f"sandbox {self.id}: {message}", sandbox_id=self.id, reason=reason)
 
-    def connect(self, path: str, fd: int | None = None, inode: tuple[int, int] | None = None) -> None:
-        """Talk to the executor over its unix socket at ``path``, held by inode (``_unix``)."""
-        if fd is None:
-            fd, inode = _unix.hold(path, self.id)
-        self._socket_fd, self.socket, self.inode = fd, path, inode
-        self.http = _unix.session(fd)
+    def connect(self, held: _unix.Held) -> None:
+        """Talk to the executor over its unix socket, held by inode (``_unix``)."""
+        self.held = held
         self.base_url = "http://sandbox"
+
+    @property
+    def http(self) -> aiohttp.ClientSession | None:
+        """The HTTP session for its executor's socket (None: the Client's shared one)."""
+        return self.held.http if self.held is not None else None
 
     def describe(self) -> dict[str, Any]:
         """Its executor's address, or its socket's path and inode (``HandleFields``)."""
-        if self.socket is not None:
-            return {"url": "", "socket": self.socket, "inode": self.inode}
-        return {"url": self.base_url}
+        return self.held.describe() if self.held is not None else {"url": self.base_url}
 
     async def delete(self) -> None:
         """Remove the container (killing everything in it); safe to call twice."""
@@ -484,11 +481,9 @@ class DockerInstance:
             if self.owned:
                 await self._engine.remove(self.container_id)
         finally:
-            if self.http is not None:
-                await self.http.close()
-            if self._socket_fd is not None:
-                os.close(self._socket_fd)
-                self._socket_fd = None
+            if self.held is not None:
+                await self.held.close()
+                self.held = None
             if self.directory is not None:
                 await asyncio.to_thread(_unix.remove_tree, self.directory)
 
@@ -817,8 +812,8 @@ class DockerBackend:
                 if stopped.done():
                     raise await self._died(instance)
                 # The first socket at the path is the executor's: nothing else has run in the container yet.
-                if socket_path is not None and instance.http is None and os.path.lexists(socket_path):
-                    instance.connect(socket_path)
+                if socket_path is not None and instance.held is None and os.path.lexists(socket_path):
+                    instance.connect(_unix.hold(socket_path, instance.id))
                 # Until the executor listens, the port proxy accepts and then hangs up.
                 with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):
                     if socket_path is None or instance.http is not None:
@@ -856,8 +851,7 @@ class DockerBackend:
         if not info.state.running:
             raise await instance.diagnose() or SandboxLost(f"sandbox {sid} has ended", sandbox_id=sid)
         if handle.socket is not None:
-            fd = _unix.open_handle(handle, "a docker sandbox's socket is its creating client's")
-            instance.connect(handle.socket, fd, handle.inode)
+            instance.connect(_unix.open_handle(handle, "a docker sandbox's socket is its creating client's"))
         return instance
 
     async def aclose(self) -> None:

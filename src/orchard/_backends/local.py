@@ -364,13 +364,9 @@ class LocalInstance:
         #: A forked executor's bubblewrap, whose first process holds the sandbox's namespaces.
         self.bwrap = bwrap
         self.base_url = ""
-        #: The HTTP session for this sandbox's unix socket (None: the Client's shared one).
-        self.http: aiohttp.ClientSession | None = None
         self.timings: dict[str, float] = {}
-        self._socket_fd: int | None = None
-        #: The executor's unix socket, and its (st_dev, st_ino), once connected.
-        self.socket: str | None = None
-        self.inode: tuple[int, int] | None = None
+        #: The executor's unix socket, once connected (None: on loopback, through the Client's session).
+        self.held: _unix.Held | None = None
         self._stderr = bytearray()
         self._drain = asyncio.create_task(tail_into(self.proc.stderr, self._stderr))
         #: The network helper (slirp4netns), and the pipe whose closing tells it to exit.
@@ -397,17 +393,17 @@ class LocalInstance:
         followed. Holding it also keeps the inode's number from being reused,
         which is how an attaching process recognises the socket (``describe``).
         """
-        fd, self.inode = _unix.hold(path, self.id)
-        self._socket_fd = fd
-        self.socket = path
-        self.http = _unix.session(fd)
+        self.held = _unix.hold(path, self.id)
         self.base_url = "http://sandbox"
+
+    @property
+    def http(self) -> aiohttp.ClientSession | None:
+        """The HTTP session for this sandbox's unix socket (None: the Client's shared one)."""
+        return self.held.http if self.held is not None else None
 
     def describe(self) -> dict[str, Any]:
         """Its executor's address, or its socket's path and inode (``HandleFields``)."""
-        if self._socket_fd is not None:
-            return {"url": "", "socket": self.socket, "inode": self.inode}
-        return {"url": self.base_url}
+        return self.held.describe() if self.held is not None else {"url": self.base_url}
 
     async def start_network(self, slirp4netns: str, info: BinaryIO) -> None:
         """Give the sandbox a user-mode network from slirp4netns, configured when this returns.
@@ -570,23 +566,21 @@ class LocalInstance:
                 await self.bwrap.wait()
         self._drain.cancel()
         await self._stop_helper()
-        if self.http is not None:
-            await self.http.close()
-        if self._socket_fd is not None:
-            os.close(self._socket_fd)
-            self._socket_fd = None
+        if self.held is not None:
+            await self.held.close()
+            self.held = None
         await asyncio.to_thread(_unix.remove_tree, self.dir)
 
 
 class LocalAttachment:
     """A local sandbox of another process, reached from this one: ``delete`` only lets go of it."""
 
-    def __init__(self, handle: HandleFields, fd: int | None = None) -> None:
+    def __init__(self, handle: HandleFields, held: _unix.Held | None = None) -> None:
         self.id = handle.sandbox_id
         self._handle = handle
-        self._fd = fd
-        self.http = _unix.session(fd) if fd is not None else None
-        self.base_url = "http://sandbox" if fd is not None else handle.url
+        self._held = held
+        self.http = held.http if held is not None else None
+        self.base_url = "http://sandbox" if held is not None else handle.url
         self.timings: dict[str, float] = {}
 
     def describe(self) -> dict[str, Any]:
@@ -613,12 +607,9 @@ class LocalAttachment:
 
     async def delete(self) -> None:
         """Close this process's connections to it; the sandbox stays its creator's."""
-        if self.http is not None:
-            await self.http.close()
-            self.http = None
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+        if self._held is not None:
+            await self._held.close()
+            self._held = self.http = None
 
 
 class LocalBackend:
