@@ -13,7 +13,7 @@ import signal
 import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import msgspec
 from aiohttp import web
@@ -58,6 +58,9 @@ from .protocol import (
     encode,
     frame,
 )
+
+if TYPE_CHECKING:
+    from . import display
 from .runner import StreamName, build_argv, run, start
 from .sessions import SessionTable
 
@@ -117,6 +120,8 @@ class State:
         self._dedup_bytes = 0
         self._waiters: collections.Counter[str] = collections.Counter()
         self._abandon: dict[str, asyncio.TimerHandle] = {}
+        #: Connections to X displays, made on the first display request (display.py is imported then).
+        self.displays: display.Displays | None = None
 
     def authorized(self, header: str | None) -> bool:
         """Constant-time check of an ``Authorization: Bearer`` header."""
@@ -651,6 +656,47 @@ async def file_list(request: web.Request) -> web.Response:
     return _reply(request, FileList(entries=await asyncio.to_thread(files.list_dir, _query_path(request))))
 
 
+def _displays(request: web.Request) -> display.Displays:
+    from . import display  # stdlib only, but imported when a sandbox first uses a display
+
+    state = _state(request)
+    if state.displays is None:
+        state.displays = display.Displays()
+    return state.displays
+
+
+async def display_info(request: web.Request) -> web.Response:
+    """The size and depth of an X display in the sandbox (connecting to it if need be)."""
+    from .protocol import DisplayName, PathText
+
+    name = _decoded(encode(request.query.get("display", "")), DisplayName, MSGPACK)
+    xauthority = request.query.get("xauthority")
+    if xauthority is not None:
+        xauthority = _decoded(encode(xauthority), PathText, MSGPACK)
+    async with _displays(request).use(name, xauthority) as conn:
+        await conn.sync()  # the server is there now, not only when the connection was made
+        return _reply(request, conn.info)
+
+
+async def display_screenshot(request: web.Request) -> web.Response:
+    """A PNG of an X display."""
+    from .protocol import ScreenshotRequest
+
+    req = await _body(request, ScreenshotRequest)
+    async with _displays(request).use(req.display, req.xauthority) as conn:
+        return _reply(request, await conn.screenshot(req.region, req.level))
+
+
+async def display_input(request: web.Request) -> web.Response:
+    """Synthetic pointer and key events on an X display, replied to once the server processed them."""
+    from .protocol import InputRequest
+
+    req = await _body(request, InputRequest)
+    async with _displays(request).use(req.display, req.xauthority) as conn:
+        await conn.send(req.events)
+        return _reply(request, conn.info)
+
+
 async def rekey(request: web.Request) -> web.Response:
     """Swap the bearer token (a pooled sandbox handed to its claimer): the token used here stops working."""
     req = await _body(request, RekeyRequest)
@@ -736,6 +782,8 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     yield
     watcher.cancel()
     state.processes.kill_all()
+    if state.displays is not None:
+        state.displays.close()
 
 
 def create_app(settings: Settings) -> web.Application:
@@ -774,5 +822,8 @@ def create_app(settings: Settings) -> web.Application:
     app.router.add_put(f"{v}/files/tar", tar_upload)
     app.router.add_get(f"{v}/files/tar", tar_download)
     app.router.add_put(f"{v}/files/restore", tar_restore)
+    app.router.add_get(f"{v}/display", display_info)
+    app.router.add_post(f"{v}/display/screenshot", display_screenshot)
+    app.router.add_post(f"{v}/display/input", display_input)
     ports.setup(app, app[STATE].stopped)
     return app

@@ -24,6 +24,7 @@ STATUS: dict[str, int] = {
     "too_large": 413,
     "port_closed": 502,
     "too_many_tunnels": 429,
+    "no_display": 502,
     "stopping": 503,
     "internal": 500,
 }

@@ -32,6 +32,9 @@ Endpoints, all under ``/v1`` except ``/healthz``::
     GET    /v1/files/tar?path=&changed=&max_bytes=&max_members=  -> frames of ByteFrame (a plain tar;
                                              changed=1: only what changed since the start, on path's file system)
     PUT    /v1/files/restore?path=&max_bytes=&max_members=  a snapshot's tar -> FileStat (in place)
+    GET    /v1/display?display=&xauthority=    -> DisplayInfo (an X server in the sandbox)
+    POST   /v1/display/screenshot            ScreenshotRequest -> Screenshot (PNG)
+    POST   /v1/display/input                 InputRequest -> DisplayInfo (synthetic input through XTEST)
     GET    /v1/ports/{port}/connect          websocket upgrade -> a tunnel to 127.0.0.1:port (see ports.py)
     GET    /v1/ports/{port}/listen           websocket upgrade -> 127.0.0.1:port (0: a free one) listens while it lasts
     GET    /v1/ports/{port}/accept/{id}      websocket upgrade -> a tunnel for connection id to that port (ports.py)
@@ -120,6 +123,7 @@ ErrorCode = Literal[
     "too_large",
     "port_closed",
     "too_many_tunnels",
+    "no_display",
     "stopping",
     "internal",
 ]
@@ -396,6 +400,92 @@ class RemoveRequest(msgspec.Struct, kw_only=True):
     path: PathText
     recursive: bool = False
     missing_ok: bool = False
+
+
+#: An X display in the sandbox: ":N" or ":N.0" (the executor connects to /tmp/.X11-unix/XN).
+DisplayName = Annotated[str, msgspec.Meta(pattern=r"^:[0-9]{1,5}(\.0)?$")]
+Coordinate = Annotated[int, msgspec.Meta(ge=0, le=32767)]
+
+
+class DisplayInfo(msgspec.Struct, kw_only=True):
+    """An X display's root window: its size and depth."""
+
+    width: int
+    height: int
+    depth: int
+
+
+class ScreenshotRequest(msgspec.Struct, kw_only=True):
+    """Grab the display's root window (or a region of it) as a PNG."""
+
+    display: DisplayName
+    #: An Xauthority file holding the display's MIT-MAGIC-COOKIE-1, if the server asks for one.
+    xauthority: PathText | None = None
+    #: A region ``(x, y, width, height)`` inside the screen; the whole screen if None.
+    region: (
+        tuple[
+            Coordinate,
+            Coordinate,
+            Annotated[int, msgspec.Meta(ge=1, le=32767)],
+            Annotated[int, msgspec.Meta(ge=1, le=32767)],
+        ]
+        | None
+    ) = None
+    #: zlib level of the PNG: 1 is fast, 9 small.
+    level: Annotated[int, msgspec.Meta(ge=0, le=9)] = 1
+
+
+class Screenshot(msgspec.Struct, kw_only=True):
+    """A PNG of the display and the size it shows."""
+
+    width: int
+    height: int
+    png: bytes
+
+
+class PointerMove(msgspec.Struct, tag="move", kw_only=True):
+    """Move the pointer to an absolute position on the screen."""
+
+    x: Coordinate
+    y: Coordinate
+
+
+class ButtonEvent(msgspec.Struct, tag="button", kw_only=True):
+    """Press or release a mouse button: 1 left, 2 middle, 3 right, 4/5 wheel up/down, 6/7 wheel left/right."""
+
+    button: Annotated[int, msgspec.Meta(ge=1, le=9)]
+    down: bool
+
+
+class KeyEvent(msgspec.Struct, tag="key", kw_only=True):
+    """Press or release the key that types ``keysym``.
+
+    Shift is added for a keysym on a shifted level, and a keysym no key types is
+    bound to a spare keycode first.
+    """
+
+    keysym: Annotated[int, msgspec.Meta(ge=1, le=0x1FFFFFFF)]
+    down: bool
+
+
+class PauseEvent(msgspec.Struct, tag="pause", kw_only=True):
+    """Wait between two events (some applications need time to see a drag)."""
+
+    seconds: Annotated[float, msgspec.Meta(ge=0, le=10)]
+
+
+InputEvent = PointerMove | ButtonEvent | KeyEvent | PauseEvent
+
+
+class InputRequest(msgspec.Struct, kw_only=True):
+    """Synthetic input, in order, through the X server's XTEST extension.
+
+    The reply comes once the server has processed every event.
+    """
+
+    display: DisplayName
+    xauthority: PathText | None = None
+    events: Annotated[list[InputEvent], msgspec.Meta(max_length=100_000)]
 
 
 # Streams of msgpack messages are framed by a 4-byte big-endian length.

@@ -175,6 +175,37 @@ class PortClosed(ExecutorError, ConnectionRefusedError):
     """Nothing listens on the port ``Sandbox.forward`` was asked to reach inside the sandbox."""
 
 
+class NoDisplay(ExecutorError, ConnectionError):
+    """No X server answers on the display asked for in the sandbox (never started, or it died)."""
+
+
+class GuiUnavailable(OrchardError, FileNotFoundError):
+    """The sandbox's image lacks what a GUI environment needs (a browser, an X server); the message names it."""
+
+
+class BrowserCrashed(OrchardError, ConnectionError):
+    """The browser in the sandbox exited or its DevTools connection broke: the environment failed, not the agent.
+
+    ``orchard.gui.browser`` raises it from the Playwright error that the next
+    action got; ``exit_code``, ``signal`` and ``stderr`` tell how it ended.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        exit_code: int | None = None,
+        signal: int | None = None,
+        stderr: str = "",
+        sandbox_id: str | None = None,
+    ) -> None:
+        super().__init__(message, sandbox_id=sandbox_id)
+        self.exit_code = exit_code
+        self.signal = signal
+        #: The end of the browser's stderr.
+        self.stderr = stderr
+
+
 class UnsafeArchive(OrchardError, ValueError):
     """A transfer broke a safety rule, so nothing of it was written.
 
@@ -221,6 +252,7 @@ EXECUTOR_ERRORS: dict[str, type[ExecutorError]] = {
     "port_closed": PortClosed,
     # Too many forwarded connections open at once in one sandbox.
     "too_many_tunnels": ExecutorError,
+    "no_display": NoDisplay,
     # The client raises SandboxLost (with the backend's reason) for this one.
     "stopping": ExecutorError,
     "internal": ExecutorError,
