@@ -32,6 +32,7 @@ EXPECTED: dict[str, tuple[type[errors.ExecutorError], type[BaseException]]] = {
     "too_large": (errors.SnapshotTooLarge, ValueError),
     "port_closed": (errors.PortClosed, ConnectionRefusedError),
     "too_many_tunnels": (errors.ExecutorError, errors.OrchardError),
+    "no_display": (errors.NoDisplay, ConnectionError),
     "stopping": (errors.ExecutorError, errors.OrchardError),
     "internal": (errors.ExecutorError, errors.OrchardError),
 }
