@@ -20,7 +20,9 @@ SWE = "orchard-test/swe:latest"
 BUSYBOX = "orchard-test/busybox:latest"
 NOSHELL = "orchard-test/noshell:latest"
 NONROOT = "orchard-test/nonroot:latest"
-IMAGES = (INJECTOR, SWE, BUSYBOX, NOSHELL, NONROOT)
+#: Chromium, Xvfb, openbox and xterm (images/tasks/browser), for the GUI tests.
+BROWSER = "orchard-test/browser:latest"
+IMAGES = (INJECTOR, SWE, BUSYBOX, NOSHELL, NONROOT, BROWSER)
 #: The empty working directory the generic tests start in.
 WORKDIR = "/work"
 

@@ -15,7 +15,9 @@ from typing import TYPE_CHECKING, Any
 from .._backends import LocalConfig
 from .._spec import make_spec
 from ..errors import (
+    BrowserCrashed,
     ConfigError,
+    NoDisplay,
     OrchardError,
     SandboxClosed,
     SandboxLost,
@@ -40,7 +42,15 @@ Agent = Callable[..., Awaitable[Any]]
 RewardFn = Callable[[Any, Task, Any], Awaitable[Reward]]
 
 #: The errors of the sandbox layer that mean infrastructure, not the agent: retried, never a zero reward.
-INFRA_ERRORS: tuple[type[OrchardError], ...] = (SandboxStartError, SandboxTimeout, SandboxLost, SandboxClosed)
+INFRA_ERRORS: tuple[type[OrchardError], ...] = (
+    SandboxStartError,
+    SandboxTimeout,
+    SandboxLost,
+    SandboxClosed,
+    # GUI environments: the browser or the X server in the sandbox died.
+    BrowserCrashed,
+    NoDisplay,
+)
 #: Kinds whose outcome counts in pass rates (an agent error counts as unsolved).
 COUNTED = ("ok", "agent_error")
 #: Options of ``client.create`` that are not ``SandboxSpec`` fields.

@@ -1,0 +1,120 @@
+"""GUI environments on docker: Chromium driven by Playwright over CDP through forward(), a virtual desktop
+driven through the executor's own X11 client, and their failures as typed errors."""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+
+import pytest
+from docker_support import SWE
+
+import orchard
+import orchard.gui
+from gui_support import (
+    BROWSER,
+    SIZE,
+    browser_navigates_clicks_and_screenshots,
+    desktop_drives_a_headed_browser,
+    desktop_types_into_xterm,
+    serve_page,
+)
+from orchard import DockerConfig
+from orchard.errors import BrowserCrashed, GuiUnavailable, InvalidRequest, NoDisplay
+from orchard.rollout._runner import infra_cause
+from orchard_executor.protocol import ButtonEvent, DisplayInfo, PointerMove
+
+pytestmark = [pytest.mark.docker, pytest.mark.timeout(180)]
+
+
+@pytest.mark.parametrize("transport", ["unix", "tcp"])
+async def test_browser_navigates_clicks_and_screenshots(docker_ready: str, transport: str) -> None:
+    async with orchard.Client(DockerConfig(transport=transport)) as client, client.sandbox(BROWSER) as sb:
+        await browser_navigates_clicks_and_screenshots(sb)
+
+
+async def test_desktop_types_into_xterm_and_drives_a_headed_browser(client: orchard.Client) -> None:
+    async with client.sandbox(BROWSER) as sb:
+        await desktop_types_into_xterm(sb)
+        await desktop_drives_a_headed_browser(sb)
+
+
+async def test_an_image_without_x_server_or_browser_is_a_typed_error_naming_it(client: orchard.Client) -> None:
+    async with client.sandbox(SWE) as sb:
+        with pytest.raises(GuiUnavailable, match="Xvfb"):
+            async with orchard.gui.desktop(sb):
+                pass
+        with pytest.raises(GuiUnavailable, match="chromium"):
+            async with orchard.gui.browser(sb):
+                pass
+        # Nothing left running.
+        assert [p for p in await sb.processes() if p.running] == []
+
+
+async def test_off_screen_input_unknown_keys_and_a_dead_x_server_are_typed_errors(client: orchard.Client) -> None:
+    async with client.sandbox(BROWSER) as sb, orchard.gui.desktop(sb, size=SIZE, window_manager=None) as d:
+        assert d.window_manager is None
+        with pytest.raises(InvalidRequest, match="outside the 1280x800 screen"):
+            await d.click(1280, 10)
+        with pytest.raises(InvalidRequest, match="unknown key 'hyperdrive'"):
+            await d.key("ctrl+hyperdrive")
+        with pytest.raises(InvalidRequest, match="unknown computer-use action"):
+            await d.act({"action": "teleport"})
+        # The executor refuses it too (a client that skipped the check), and plays none of the events:
+        # the button press before the bad move never happened, so the button is not stuck down.
+        with pytest.raises(InvalidRequest, match=r"\(5000, 10\) is outside"):
+            await d.send([ButtonEvent(button=1, down=True), PointerMove(x=5000, y=10)])
+        await d.send([PointerMove(x=5, y=5)])
+        # The X server dies: the next action is NoDisplay, an environment failure for the runner.
+        await sb.exec(["sh", "-c", "kill -9 $(pidof Xvfb)"])
+
+        async def screenshots() -> None:
+            for _ in range(50):
+                await d.screenshot()
+                await asyncio.sleep(0.05)
+
+        with pytest.raises(NoDisplay):
+            await screenshots()
+        assert infra_cause(NoDisplay("gone", code="no_display")) is not None
+
+
+async def test_the_browser_crashing_is_browser_crashed(client: orchard.Client) -> None:
+    async with client.sandbox(BROWSER) as sb:
+        url = await serve_page(sb)
+
+        async def rollout() -> None:
+            async with orchard.gui.browser(sb) as page:
+                await page.goto(url)
+                await sb.exec(["sh", "-c", "kill -9 $(pidof chromium)"])
+                await asyncio.sleep(0.5)
+                await page.goto(url)
+
+        with pytest.raises(BrowserCrashed) as caught:
+            await rollout()
+        assert caught.value.signal == 9 or caught.value.exit_code is not None
+        assert infra_cause(caught.value) is caught.value
+        # Its profile was removed and no browser is left.
+        assert (await sb.exec(["sh", "-c", "ls -d /tmp/orchard-browser-* 2>/dev/null; pidof chromium"])).stdout == ""
+
+
+async def test_a_display_that_wants_a_cookie_refuses_without_it_and_takes_the_xauthority_file(
+    client: orchard.Client,
+) -> None:
+    async with client.sandbox(BROWSER) as sb:
+        cookie = b"\x13" * 16
+        fields = (b"sandbox", b"55", b"MIT-MAGIC-COOKIE-1", cookie)
+        await sb.write_file(
+            "/tmp/xauth", struct.pack(">H", 256) + b"".join(struct.pack(">H", len(f)) + f for f in fields)
+        )
+        server = await sb.start_process(["Xvfb", ":55", "-auth", "/tmp/xauth", "-nolisten", "tcp"])
+        with_cookie = {"display": ":55", "xauthority": "/tmp/xauth"}
+        for _ in range(200):
+            try:
+                info = await sb._rpc.call("GET", "/v1/display", DisplayInfo, params=with_cookie)
+                break
+            except NoDisplay:
+                await asyncio.sleep(0.05)
+        assert (info.width, info.height) > (0, 0)
+        with pytest.raises(NoDisplay, match="refused the connection"):
+            await sb._rpc.call("GET", "/v1/display", DisplayInfo, params={"display": ":55"})
+        await server.kill()
