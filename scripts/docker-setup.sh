@@ -14,14 +14,17 @@
 #   orchard-test/toys           the same, with the toy tasks' repositories under /toys (examples/tasks/swe-mini.jsonl)
 #   orchard-test/noshell        a few coreutils programs, no shell at all
 #   orchard-test/nonroot        busybox as an unprivileged user with nowhere to write
+#   orchard-test/browser        Chromium, Xvfb, openbox, xterm, xdotool, scrot and Playwright (images/tasks/browser);
+#                               built again only when its files or the base change
 #   orchard-tools:latest        agent-harness CLIs with their runtimes (images/tools), for tools=[...]
 #
 # It also makes this host refuse connections that network=False sandboxes open
 # to it (an iptables chain, ORCHARD-INPUT: see "sandbox firewall" below).
 #
 # Caches live outside the repository, under $ORCHARD_CACHE (/var/cache/orchard):
-# the base root filesystem, the executor's wheels and the tools bundle (with its downloads). dockerd logs to
-# $ORCHARD_CACHE/dockerd.log; its pidfile is /var/run/docker.pid.
+# the base root filesystem, the executor's and the browser image's wheels and the
+# tools bundle (with its downloads). dockerd logs to $ORCHARD_CACHE/dockerd.log;
+# its pidfile is /var/run/docker.pid.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -104,6 +107,34 @@ done
 "$DOCKER" build -q --network none --build-arg BASE="$BASE" -t orchard-test/noshell:latest images/tasks/noshell >/dev/null
 "$DOCKER" build -q --network none --build-arg BASE="$BASE" -t orchard-test/swe:latest images/tasks/swe >/dev/null
 "$DOCKER" build -q --network none --build-arg BASE="$BASE" -t orchard-test/toys:latest images/tasks/toys >/dev/null
+
+step "browser image"
+# Chromium, an X desktop and Playwright (images/tasks/browser), the packages from
+# Debian's mirror in the build, Playwright's wheels downloaded here (the build's
+# network does not trust PyPI's certificate). 1.2 GB and about 100 s to build
+# cold, so built again only when its files or the base change.
+browser_key=$({ cat images/tasks/browser/Dockerfile images/tasks/browser/requirements.txt
+  "$DOCKER" image inspect -f '{{.Id}}' "$BASE"; } | sha256sum | cut -c1-16)
+if [ "$("$DOCKER" image inspect -f '{{ index .Config.Labels "orchard.browser.key" }}' orchard-test/browser:latest 2>/dev/null)" != "$browser_key" ]; then
+  req_key=$(sha256sum images/tasks/browser/requirements.txt | cut -c1-16)
+  bwheels=$CACHE/browser-wheels/$req_key
+  if [ ! -f "$bwheels/.complete" ]; then
+    rm -rf "$bwheels"
+    mkdir -p "$bwheels"
+    "$PY" -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: \
+      --python-version 3.11 --implementation cp --abi cp311 \
+      --platform manylinux_2_36_x86_64 --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+      --platform manylinux2014_x86_64 --platform manylinux_2_5_x86_64 --platform manylinux1_x86_64 \
+      -d "$bwheels" -r images/tasks/browser/requirements.txt
+    touch "$bwheels/.complete"
+  fi
+  tar -c -C images/tasks/browser Dockerfile requirements.txt \
+    -C "$bwheels" --transform='s|^[^/]*\.whl$|wheels/&|' $(cd "$bwheels" && ls -- *.whl) |
+    "$DOCKER" build -q --build-arg BASE="$BASE" --label "orchard.browser.key=$browser_key" \
+      -t orchard-test/browser:latest - >/dev/null
+fi
+size=$("$DOCKER" image inspect -f '{{.Size}}' orchard-test/browser:latest)
+echo "orchard-test/browser:latest: $((size / 1000000)) MB"
 
 step "executor wheels"
 # Downloaded here, where the package index is reachable, and passed in the build
