@@ -6,7 +6,7 @@ import pytest
 
 import orchard
 from orchard._backends import LocalConfig, make_config
-from orchard._spec import SandboxSpec, make_spec
+from orchard._spec import SandboxSpec, make_spec, quantity_bytes
 from orchard.errors import ConfigError
 from orchard_executor.app import Settings, create_app
 
@@ -129,3 +129,51 @@ def test_client_validates_without_starting_anything() -> None:
 def test_executor_refuses_a_malformed_token_hash() -> None:
     with pytest.raises(ValueError, match="64 hex digits"):
         create_app(Settings(token_sha256="ab" * 16))
+
+
+@pytest.mark.parametrize(
+    ("shm", "expected"),
+    [
+        ("96Mi", 96 * 1024**2),
+        ("1Gi", 1024**3),
+        ("1.5Gi", 3 * 1024**3 // 2),
+        ("2G", 2 * 10**9),
+        ("64k", 64_000),
+        ("1048576", 1024**2),
+        ("1e6", 10**6),
+        (" 64Mi ", 64 * 1024**2),
+        ("0.5", 1),  # rounded up to a whole byte
+        ("7Ei", 7 * 1024**6),
+        (str(2**63 - 1), 2**63 - 1),
+    ],
+)
+def test_shm_is_a_quantity_of_bytes(shm: str, expected: int) -> None:
+    assert make_spec("img", {"shm": shm}).shm == shm
+    assert quantity_bytes("shm", shm) == expected
+
+
+@pytest.mark.parametrize(
+    ("shm", "says"),
+    [
+        ("lots", "not a quantity"),
+        ("", "not a quantity"),
+        ("1 Gi", "not a quantity"),
+        ("1GiB", "not a quantity"),
+        ("1gi", "not a quantity"),
+        ("nan", "not a quantity"),
+        ("0", "must be positive"),
+        ("-1Gi", "must be positive"),
+        ("8Ei", "too large"),
+        (str(2**63), "too large"),
+        ("1e400", "too large"),
+    ],
+)
+def test_bad_shm_is_refused_by_name(shm: str, says: str) -> None:
+    with pytest.raises(ConfigError, match=f"shm={shm!r}.*{says}") as info:
+        make_spec("img", {"shm": shm})
+    assert isinstance(info.value, ValueError)
+
+
+def test_shm_must_be_a_string() -> None:
+    with pytest.raises(ConfigError, match="shm"):
+        make_spec("img", {"shm": 1024})

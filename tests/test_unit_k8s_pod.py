@@ -14,6 +14,7 @@ from orchard._backends.k8s_pod import (
     MANAGED_BY,
     SANDBOX_LABEL,
     SESSION_LABEL,
+    SHM_VOLUME,
     Pod,
     classify,
     egress_exceptions,
@@ -171,6 +172,24 @@ def test_scheduling_and_resources() -> None:
 
 def test_cpu_as_a_number() -> None:
     assert build(cpu=2)["spec"]["containers"][0]["resources"]["limits"]["cpu"] == "2"
+
+
+def test_shm_is_a_memory_emptydir_at_dev_shm() -> None:
+    spec = build(shm="96Mi")["spec"]
+    volume = next(v for v in spec["volumes"] if v["name"] == SHM_VOLUME)
+    assert volume["emptyDir"] == {"medium": "Memory", "sizeLimit": str(96 * 1024 * 1024)}
+    mounts = spec["containers"][0]["volumeMounts"]
+    assert {"name": SHM_VOLUME, "mountPath": "/dev/shm"} in mounts
+    # Only the task container: the init containers need none.
+    assert all(m["name"] != SHM_VOLUME for c in spec["initContainers"] for m in c["volumeMounts"])
+    image_volumes = build(shm="1Gi", image_volumes=True)["spec"]
+    assert any(v["name"] == SHM_VOLUME for v in image_volumes["volumes"])
+
+
+def test_no_shm_no_volume() -> None:
+    spec = build()["spec"]
+    assert all(v["name"] != SHM_VOLUME for v in spec["volumes"])
+    assert all(m["mountPath"] != "/dev/shm" for m in spec["containers"][0]["volumeMounts"])
 
 
 def pod(status: dict[str, Any], **extra: Any) -> Pod:

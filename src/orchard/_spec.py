@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+from decimal import Decimal, InvalidOperation
 from typing import Any, Literal
 
 import msgspec
@@ -14,7 +16,8 @@ class SandboxSpec(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fiel
     """Everything a backend needs to start one sandbox.
 
     Each backend documents which fields it enforces; the ``local`` backend
-    runs on the host and enforces env, workdir, ttl and idle_timeout only.
+    runs on the host and enforces env, workdir, ttl and idle_timeout only
+    (and shm, under bubblewrap).
     """
 
     #: The container image (recorded but not used by the ``local`` backend).
@@ -54,6 +57,46 @@ class SandboxSpec(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fiel
     #: Agent-harness CLIs to put on PATH, from the tools bundle (``orchard._tools.KNOWN``: "codex",
     #: "claude", "opencode", "pi", "openclaw", "mini"): read-only, after the image's own PATH (docker, kubernetes).
     tools: list[str] = []
+    #: Size of the sandbox's own /dev/shm, a tmpfs, in Kubernetes notation ("1Gi"): docker, kubernetes,
+    #: local under bubblewrap (unisolated local refuses it). What is written there is held in memory
+    #: (and counts against ``memory``). None: the backend's default (docker's is 64 MB).
+    shm: str | None = None
+
+
+#: Kubernetes quantity suffixes, as multipliers.
+_SUFFIXES = {
+    "": 1,
+    **{s: 1024 ** (i + 1) for i, s in enumerate(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"))},
+    **{s: 1000 ** (i + 1) for i, s in enumerate(("k", "M", "G", "T", "P", "E"))},
+}
+_QUANTITY = re.compile(
+    r"([+-]?[0-9]+(?:\.[0-9]*)?|[+-]?\.[0-9]+)(?:[eE]([+-]?[0-9]+))?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?"
+)
+#: The most any backend takes: Docker's ShmSize and Kubernetes' quantities are int64, and so is bwrap's --size.
+MAX_BYTES = 2**63 - 1
+
+
+def quantity_bytes(name: str, value: str) -> int:
+    """Bytes in a Kubernetes quantity (``"96Mi"``, ``"1G"``, ``"1.5Gi"``), rounded up; a ConfigError naming ``name``.
+
+    The result is positive and fits in int64 (a tmpfs of size 0 would be unbounded).
+    """
+    match = _QUANTITY.fullmatch(value.strip()) if isinstance(value, str) else None
+    if match is None:
+        raise ConfigError(f"sandbox option {name}={value!r} is not a quantity such as '64Mi' or '1Gi'")
+    number, exponent, suffix = match.groups()
+    if exponent is not None and int(exponent) > 30:
+        raise ConfigError(f"sandbox option {name}={value!r} is too large (at most {MAX_BYTES} bytes)")
+    try:
+        exact = Decimal(number).scaleb(int(exponent or 0)) * _SUFFIXES[suffix or ""]
+    except InvalidOperation:
+        raise ConfigError(f"sandbox option {name}={value!r} is not a quantity such as '64Mi' or '1Gi'") from None
+    size = int(exact.to_integral_value(rounding="ROUND_CEILING"))
+    if size <= 0:
+        raise ConfigError(f"sandbox option {name}={value!r} must be positive")
+    if size > MAX_BYTES:
+        raise ConfigError(f"sandbox option {name}={value!r} is too large (at most {MAX_BYTES} bytes)")
+    return size
 
 
 def make_spec(image: str, options: dict[str, Any]) -> SandboxSpec:
@@ -68,4 +111,6 @@ def make_spec(image: str, options: dict[str, Any]) -> SandboxSpec:
         value = getattr(spec, name)
         if value is not None and value <= 0:
             raise ConfigError(f"sandbox option {name}={value!r} must be positive")
+    if spec.shm is not None:
+        quantity_bytes("shm", spec.shm)
     return spec

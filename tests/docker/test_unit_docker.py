@@ -148,6 +148,11 @@ def test_limits_env_workdir_labels_and_expiry() -> None:
     assert labels["orchard.dev/expires-at"] == "1060"
 
 
+def test_shm_is_the_size_of_dev_shm() -> None:
+    assert body(shm="96Mi")["HostConfig"]["ShmSize"] == 96 * 1024 * 1024
+    assert "ShmSize" not in body()["HostConfig"]
+
+
 def test_a_relative_workdir_is_refused() -> None:
     with pytest.raises(ConfigError, match="workdir"):
         body(workdir="relative")

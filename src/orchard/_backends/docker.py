@@ -31,8 +31,8 @@ so ``collect_garbage`` (``orchard gc --backend docker``) can remove what a
 dead client left behind without any server, its socket directories too.
 
 Enforced from the spec: image (and its pull policy), cpu, memory (no swap
-on top), env, workdir, labels and annotations (both as labels), ttl,
-idle_timeout and network. Not: the Kubernetes scheduling fields. The engine
+on top), shm (the size of /dev/shm), env, workdir, labels and annotations
+(both as labels), ttl, idle_timeout and network. Not: the Kubernetes scheduling fields. The engine
 must run on this machine: the executor is reached on its socket, its bridge
 or its port published on 127.0.0.1.
 """
@@ -53,7 +53,7 @@ import aiohttp
 
 from .. import _retry, _tools
 from .._handle import HandleFields
-from .._spec import SandboxSpec
+from .._spec import SandboxSpec, quantity_bytes
 from .._tls import ENV as TLS_ENV
 from .._tls import Identity, pin
 from ..errors import ConfigError, InvalidHandle, OrchardError, SandboxLost, SandboxStartError, SandboxTimeout
@@ -244,6 +244,8 @@ def container_config(
             raise ConfigError(f"{exc} (DockerConfig(default_memory=...) applies when the spec gives none)") from None
         # No swap on top: a sandbox over its memory is OOM-killed, as on Kubernetes.
         host["Memory"] = host["MemorySwap"] = memory
+    if spec.shm is not None:
+        host["ShmSize"] = quantity_bytes("shm", spec.shm)
     body: dict[str, Any] = {
         "Image": spec.image,
         "Entrypoint": launcher(),

@@ -16,7 +16,7 @@ from typing import Any
 import msgspec
 
 from .. import _tools
-from .._spec import SandboxSpec
+from .._spec import SandboxSpec, quantity_bytes
 from .._tls import ENV as TLS_ENV
 
 MANAGED_BY = "app.kubernetes.io/managed-by"
@@ -30,6 +30,8 @@ INIT_CONTAINER = "orchard-inject"
 BUNDLE_VOLUME = "orchard-runtime"
 TOOLS_CONTAINER = "orchard-tools"
 TOOLS_VOLUME = "orchard-tools"
+#: The tmpfs at /dev/shm when the spec sets shm.
+SHM_VOLUME = "orchard-shm"
 #: Label an in-cluster client pod carries to reach sandbox executors once
 #: ``orchard k8s setup`` has written the NetworkPolicies (value "true").
 CLIENT_LABEL = "orchard.dev/client"
@@ -382,6 +384,9 @@ def pod_manifest(
         container["volumeMounts"].append({"name": TOOLS_VOLUME, "mountPath": _tools.ROOT, "readOnly": True})
     if spec.workdir:
         container["workingDir"] = spec.workdir
+    if spec.shm is not None:
+        # A tmpfs the kubelet sizes to sizeLimit (or to the pod's memory limit, if that is less).
+        container["volumeMounts"].append({"name": SHM_VOLUME, "mountPath": "/dev/shm"})
     if ephemeral_storage is not None:
         # An explicit zero request: left out, it would default to the limit and
         # reserve the whole limit of node disk for every sandbox at scheduling.
@@ -441,6 +446,9 @@ def pod_manifest(
         pod_spec["volumes"] = [{"name": BUNDLE_VOLUME, "image": {"reference": injector_image, "pullPolicy": pull}}]
         if spec.tools:
             pod_spec["volumes"].append({"name": TOOLS_VOLUME, "image": {"reference": tools_image, "pullPolicy": pull}})
+    if spec.shm is not None:
+        shm = {"medium": "Memory", "sizeLimit": str(quantity_bytes("shm", spec.shm))}
+        pod_spec["volumes"].append({"name": SHM_VOLUME, "emptyDir": shm})
     if user_namespaces:
         pod_spec["hostUsers"] = False
     if spec.ttl is not None:

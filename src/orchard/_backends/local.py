@@ -40,7 +40,7 @@ import msgspec
 import orchard_executor
 
 from .._handle import HandleFields
-from .._spec import SandboxSpec
+from .._spec import SandboxSpec, quantity_bytes
 from .._tls import Identity
 from ..errors import (
     ConfigError,
@@ -131,6 +131,7 @@ def _bwrap_argv(
     data: dict[str, int],
     info_fd: int | None = None,
     as_pid_1: bool = False,
+    shm: int | None = None,
 ) -> list[str]:
     """Bubblewrap options: a root from an allowlist, the sandbox's own directories writable.
 
@@ -140,7 +141,8 @@ def _bwrap_argv(
     group, hosts) to the fds bwrap reads them from; ``info_fd`` gets the
     sandbox's pid and namespaces (for its network helper, and the forked
     executor); ``as_pid_1``: the command is the pid namespace's init, with no
-    reaper of bwrap's (the forked executor's placeholder).
+    reaper of bwrap's (the forked executor's placeholder); ``shm``: /dev/shm is
+    a tmpfs of that many bytes (else the one of bwrap's /dev).
     """
     argv = [bwrap, "--die-with-parent", "--new-session", *_namespaces(as_root), "--hostname", "orchard"]
     if info_fd is not None:
@@ -176,6 +178,8 @@ def _bwrap_argv(
         # Readable by the sandbox's uid (bwrap's default for data is 0600, root's).
         argv += ["--perms", "0444", "--ro-bind-data", str(fd), dest]
     argv += ["--dev", "/dev", "--proc", "/proc", "--perms", "1777", "--tmpfs", "/tmp"]
+    if shm is not None:
+        argv += ["--perms", "1777", "--size", str(shm), "--tmpfs", "/dev/shm"]
     made = {"/", "/tmp", "/etc", "/usr"}
 
     def bind(option: str, source: str, dest: str) -> None:
@@ -660,7 +664,14 @@ class LocalBackend:
         }
 
     def _isolated_argv(
-        self, directory: str, workdir: str, data: dict[str, int], info_fd: int | None, *, as_pid_1: bool = False
+        self,
+        directory: str,
+        workdir: str,
+        data: dict[str, int],
+        info_fd: int | None,
+        *,
+        as_pid_1: bool = False,
+        shm: int | None = None,
     ) -> list[str]:
         assert self._bwrap is not None
         argv = _bwrap_argv(
@@ -672,6 +683,7 @@ class LocalBackend:
             data=data,
             info_fd=info_fd,
             as_pid_1=as_pid_1,
+            shm=shm,
         )
         if self._setpriv is not None and not as_pid_1:
             argv += [
@@ -693,6 +705,12 @@ class LocalBackend:
         t0 = time.monotonic()
         if spec.workdir and not os.path.isabs(spec.workdir):
             raise ConfigError(f"workdir={spec.workdir!r} must be an absolute path")
+        shm = quantity_bytes("shm", spec.shm) if spec.shm is not None else None
+        if shm is not None and not self._bwrap:
+            raise ConfigError(
+                f"shm={spec.shm!r}: LocalConfig(isolation='none') cannot give a sandbox a /dev/shm of its own "
+                "(it would share the host's); use isolation='bwrap', or the docker or kubernetes backend"
+            )
         slirp4netns = find_slirp4netns() if spec.network and self._bwrap else None
         try:
             _unix.private_dir(self._root, "LocalConfig(root=...)")
@@ -730,14 +748,14 @@ class LocalBackend:
         ]
         env = self._environment(spec, workdir, tmp)
         if self._zygote is not None:
-            return await self._start_forked(spec, sandbox_id, directory, workdir, options, env, slirp4netns, t0)
+            return await self._start_forked(spec, sandbox_id, directory, workdir, options, env, slirp4netns, t0, shm)
         ready_r, ready_w = os.pipe()
         info_r, info_w = os.pipe() if slirp4netns else (-1, -1)
         data: dict[str, int] = {}
         executor = [self._python, "-I", "-c", self._launch, f"--ready-fd={ready_w}", *options]
         if self._bwrap:
             data = self._data_pipes(network=slirp4netns is not None)
-            isolated = self._isolated_argv(directory, workdir, data, info_w if slirp4netns else None)
+            isolated = self._isolated_argv(directory, workdir, data, info_w if slirp4netns else None, shm=shm)
             argv = [*isolated, *executor]
         else:
             argv = executor
@@ -807,6 +825,7 @@ class LocalBackend:
         env: dict[str, str],
         slirp4netns: str | None,
         t0: float,
+        shm: int | None,
     ) -> LocalInstance:
         """Start a sandbox whose executor the zygote forks (into bwrap's namespaces, under bubblewrap)."""
         assert self._zygote is not None
@@ -832,7 +851,15 @@ class LocalBackend:
                     hold_r, hold_w = os.pipe()
                     sent.append(hold_w)
                     bwrap, child = await self._placeholder(
-                        sandbox_id, directory, workdir, env, hold_r, err_w, stderr, network=slirp4netns is not None
+                        sandbox_id,
+                        directory,
+                        workdir,
+                        env,
+                        hold_r,
+                        err_w,
+                        stderr,
+                        network=slirp4netns is not None,
+                        shm=shm,
                     )
                     namespaces = _pin_namespaces(sandbox_id, child)
                 request = {
@@ -908,6 +935,7 @@ class LocalBackend:
         stderr: asyncio.StreamReader,
         *,
         network: bool,
+        shm: int | None,
     ) -> tuple[asyncio.subprocess.Process, dict[str, int]]:
         """Start bubblewrap with a placeholder first process: the sandbox's namespaces, for the executor to join.
 
@@ -918,7 +946,7 @@ class LocalBackend:
         up_r, up_w = os.pipe()
         data = self._data_pipes(network=network)
         argv = [
-            *self._isolated_argv(directory, workdir, data, info_w, as_pid_1=True),
+            *self._isolated_argv(directory, workdir, data, info_w, as_pid_1=True, shm=shm),
             "/bin/sh",
             "-c",
             "echo; exec cat",
