@@ -52,7 +52,7 @@ async def _add(page: Page, step: Steps, product_id: str, quantity: int = 1) -> N
     await row.get_by_test_id("product-link").click()
     await page.wait_for_url(re.compile(r"/product/"))
     await page.get_by_test_id("quantity").fill(str(quantity))
-    await step(f"{quantity} x {product_id}")
+    await step(f"add {quantity} x {product_id}")
     await page.get_by_test_id("add-to-cart").click()
     await page.wait_for_url(re.compile(r"/cart$"))
     await step("cart")
@@ -159,7 +159,7 @@ class ScriptedShopper:
         p_right: float = 1.0,
         seed: int = 0,
         shots: str | Path | None = None,
-        size: tuple[int, int] = (960, 600),
+        size: tuple[int, int] = (800, 520),
     ) -> None:
         if not 0.0 <= p_right <= 1.0:
             raise ValueError(f"p_right={p_right!r}: a probability is a number from 0 to 1")

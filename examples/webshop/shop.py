@@ -179,7 +179,9 @@ def page(title: str, body: str, cart_count: int) -> bytes:
 
 
 def search_form(query: str = "", sort: str = "relevance") -> str:
-    options = "".join(f'<option value="{s}"{" selected" if s == sort else ""}>{s}</option>' for s in SORTS)
+    options = "".join(
+        f'<option value="{s}"{" selected" if s == sort else ""}>{label}</option>' for s, label in SORT_LABELS.items()
+    )
     return f"""<form id="search-form" action="/search" method="get" role="search">
 <input id="search-input" name="q" type="search" value="{html.escape(query)}" placeholder="Search products" data-testid="search-input">
 <select id="sort" name="sort" data-testid="sort">{options}</select>
