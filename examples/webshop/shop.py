@@ -194,7 +194,7 @@ def swatch(colour: str, big: bool = False) -> str:
 
 
 class Handler(BaseHTTPRequestHandler):
-    shop: Shop  # set on the class by serve()
+    shop: Shop  # set on a subclass by make_server()
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
         pass  # quiet: a sandbox keeps a process's output
@@ -349,10 +349,10 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
 
-def serve(port: int) -> None:
-    """Serve a fresh shop on 127.0.0.1:``port`` until killed."""
-    Handler.shop = Shop()
-    ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
+def make_server(port: int) -> ThreadingHTTPServer:
+    """A server of a fresh shop on 127.0.0.1:``port`` (0: any free port), not yet serving."""
+    handler = type("ShopHandler", (Handler,), {"shop": Shop()})
+    return ThreadingHTTPServer(("127.0.0.1", port), handler)
 
 
 # Goals: what a task's end state must be, checked against /api/state.
@@ -393,7 +393,7 @@ def main(argv: list[str]) -> int:
         print(why)
         return 0 if ok else 1
     if len(argv) == 1 and argv[0].isdigit():
-        serve(int(argv[0]))
+        make_server(int(argv[0])).serve_forever()
         return 0
     print(__doc__, file=sys.stderr)
     return 2

@@ -9,8 +9,15 @@ with the task's ``check`` command, run in the live sandbox, agreeing.
 
 from __future__ import annotations
 
+import json
+import re
 import sys
+import threading
 import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -94,3 +101,65 @@ async def test_right_scripts_score_1_and_wrong_ones_0(client: orchard.Client, tm
     assert results.pass_rate == {t.id: 0.5 for t in todo}
     assert containers(f"orchard.dev/session={client.session_id}") == []
     print(f"webshop: 10 attempts in {took:.1f} s")
+
+
+@pytest.fixture
+def shop_url() -> Iterator[str]:
+    # The shop on this machine, in a thread: its pages and state without a sandbox.
+    server = shop.make_server(0)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def _post(url: str, **form: str) -> tuple[int, str]:
+    # The shop's forms answer 303 to the next page; urllib follows it with a GET.
+    data = urllib.parse.urlencode(form).encode()
+    try:
+        with urllib.request.urlopen(url, data=data, timeout=10) as reply:
+            return reply.status, reply.url
+    except urllib.error.HTTPError as exc:
+        return exc.code, url
+
+
+def _state(url: str) -> dict[str, Any]:
+    with urllib.request.urlopen(f"{url}/api/state", timeout=10) as reply:
+        state: dict[str, Any] = json.load(reply)
+    return state
+
+
+@pytest.mark.unit
+def test_the_shop_s_state_follows_its_forms_and_refuses_bad_ones(shop_url: str) -> None:
+    assert _post(f"{shop_url}/cart/add", product_id="mug-navy", quantity="2") == (200, f"{shop_url}/cart")
+    assert _post(f"{shop_url}/cart/add", product_id="mug-navy", quantity="1")[0] == 200
+    assert _post(f"{shop_url}/cart/add", product_id="tee-heavy", quantity="1")[0] == 200
+    for bad in ({"product_id": "no-such", "quantity": "1"}, {"product_id": "mug-navy", "quantity": "0"}):
+        assert _post(f"{shop_url}/cart/add", **bad)[0] == 400
+    state = _state(shop_url)
+    assert [(i["id"], i["qty"]) for i in state["cart"]] == [("mug-navy", 3), ("tee-heavy", 1)]
+    assert state["cart_total"] == 60.0
+    assert _post(f"{shop_url}/cart/remove", product_id="tee-heavy")[0] == 200
+    assert _post(f"{shop_url}/checkout", name=" ", address="1 Way")[0] == 400  # no name: no order
+    assert _state(shop_url)["orders"] == []
+    assert _post(f"{shop_url}/checkout", name="Ada", address="1 Way") == (200, f"{shop_url}/order/1")
+    state = _state(shop_url)
+    assert state["cart"] == []
+    assert state["orders"] == [
+        {
+            "id": 1,
+            "name": "Ada",
+            "address": "1 Way",
+            "items": [{"id": "mug-navy", "name": "Navy Stoneware Mug", "price": 12.0, "qty": 3}],
+            "total": 36.0,
+        }
+    ]
+    assert shop.check_state({"order": {"name": "Ada", "items": {"mug-navy": 3}}}, state) == (
+        True,
+        "the shop's state meets the goal",
+    )
+    assert shop.check_state({"cart": {"mug-navy": 3}}, state) == (False, "the cart holds nothing, not {'mug-navy': 3}")
+    with urllib.request.urlopen(f"{shop_url}/search?q=blue+mug&sort=price-asc", timeout=10) as reply:
+        page = reply.read().decode()
+    assert re.findall(r'data-testid="result" data-product-id="([^"]+)"', page) == ["mug-cobalt", "mug-navy", "mug-sky"]
