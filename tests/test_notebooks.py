@@ -24,7 +24,7 @@ from execute import execute  # noqa: E402
 #: The notebooks that need only the local backend.
 LOCAL = ["quickstart.ipynb", "rollouts_local.ipynb"]
 #: The notebooks that need a Docker engine (run by tests/docker/test_docker_notebooks.py).
-DOCKER = ["harnesses_gateway.ipynb"]
+DOCKER = ["harnesses_gateway.ipynb", "webshop.ipynb"]
 #: The notebooks that need a Kubernetes cluster (run by tests/k8s/test_k8s_notebooks.py).
 KUBERNETES = ["rollouts_kubernetes.ipynb"]
 
