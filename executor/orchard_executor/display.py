@@ -45,6 +45,8 @@ _GET_KEYBOARD_MAPPING = 101
 _XTEST_FAKE_INPUT = 2
 _KEY_PRESS, _KEY_RELEASE, _BUTTON_PRESS, _BUTTON_RELEASE, _MOTION = 2, 3, 4, 5, 6
 _SHIFT_L = 0xFFE1
+#: The largest reply read from an X server (a 8192x8192 screenshot is 256 MiB); more is not an X server.
+MAX_REPLY = 8192 * 8192 * 4 + 32
 #: Keycodes the executor rebinds, round robin, for keysyms no key types (so a run of
 #: such characters does not rebind the keycode an application has not read yet).
 _SPARE_KEYCODES = 8
@@ -117,6 +119,11 @@ class Connection:
         conn = cls(reader, writer)
         try:
             await conn._setup(display, xauthority)
+        except (struct.error, IndexError):
+            writer.close()
+            raise ExecutorError(
+                "no_display", f"what answers on {path} is not an X server (a malformed setup)"
+            ) from None
         except BaseException:
             writer.close()
             raise
@@ -152,7 +159,9 @@ class Connection:
             + b"\0" * _pad(len(data))
         )
         status, reason_len, _major, _minor, length = struct.unpack("<BBHHH", await self._read(8))
-        body = await self._read(length * 4)
+        if status not in (0, 1, 2):
+            raise struct.error(f"setup status {status}")
+        body = await self._read(length * 4)  # at most 256 KiB: the length is 16 bits
         if status != 1:
             reason = body[:reason_len] if status == 0 else body
             raise ExecutorError(
@@ -216,6 +225,8 @@ class Connection:
             if kind != 1:  # an event (MappingNotify reaches every client): not ours to handle
                 continue
             (seq, length) = struct.unpack_from("<HI", head, 2)
+            if length * 4 > MAX_REPLY:
+                raise ExecutorError("no_display", f"the X server sent a reply of {length * 4} bytes: not an X server")
             extra = await self._read(length * 4) if length else b""
             if seq == self._seq:
                 return head + extra
@@ -235,6 +246,8 @@ class Connection:
         reply = await self._request(
             struct.pack("<BBHIhhHHI", _GET_IMAGE, 2, 5, self.root, x, y, w, h, 0xFFFFFFFF), reply=True
         )
+        if len(reply) < 32 + w * h * 4:
+            raise ExecutorError("no_display", f"the X server sent {len(reply) - 32} bytes for a {w}x{h} image")
         pixels = memoryview(reply)[32 : 32 + w * h * 4]
         png = await asyncio.to_thread(encode_png, pixels, w, h, level)
         return Screenshot(width=w, height=h, png=png)
@@ -388,6 +401,9 @@ class Displays:
         async with conn.lock:
             try:
                 yield conn
+            except (struct.error, IndexError):
+                self._drop(key, conn)
+                raise ExecutorError("no_display", f"a malformed reply from the X server on {display}") from None
             except BaseException:
                 # The server went away, refused a request (its reply may still come) or the request
                 # was cancelled mid-way: the stream may be out of step, so the next request reconnects.

@@ -118,3 +118,42 @@ async def test_a_display_that_wants_a_cookie_refuses_without_it_and_takes_the_xa
         with pytest.raises(NoDisplay, match="refused the connection"):
             await sb._rpc.call("GET", "/v1/display", DisplayInfo, params={"display": ":55"})
         await server.kill()
+
+
+#: Not an X server: it answers the connection setup with the given bytes, then with whatever it is sent.
+FAKE_X = r"""
+import os, socket, sys
+os.makedirs("/tmp/.X11-unix", exist_ok=True)
+s = socket.socket(socket.AF_UNIX)
+s.bind("/tmp/.X11-unix/X" + sys.argv[1]); s.listen()
+setup = bytes.fromhex(sys.argv[2])
+while True:
+    c, _ = s.accept()
+    c.recv(4096)
+    c.sendall(setup)
+    c.close()
+"""
+
+
+@pytest.mark.parametrize(
+    ("setup", "message"),
+    [
+        ("01000b0000000400" + "00" * 16, "not an X server"),  # a success whose body is too short to parse
+        ("00050b000000020068656c6c6f000000", "refused the connection: hello"),
+        ("ff" * 64, "not an X server"),
+    ],
+)
+async def test_something_else_on_the_display_socket_is_no_display(
+    client: orchard.Client, setup: str, message: str
+) -> None:
+    async with client.sandbox(BROWSER) as sb:
+        await sb.write_file("/tmp/fake_x.py", FAKE_X)
+        await sb.start_process(["python3", "/tmp/fake_x.py", "66", setup])
+        for _ in range(100):
+            if await sb.exists("/tmp/.X11-unix/X66"):
+                break
+            await asyncio.sleep(0.05)
+        with pytest.raises(NoDisplay, match=message):
+            await sb._rpc.call("GET", "/v1/display", DisplayInfo, params={"display": ":66"})
+        # The executor is fine.
+        assert (await sb.exec(["true"])).exit_code == 0
