@@ -74,3 +74,13 @@ def test_unknown_or_malformed_keys_are_invalid_requests(bad: str) -> None:
 def test_control_characters_cannot_be_typed() -> None:
     with pytest.raises(InvalidRequest, match="control character"):
         _keys.char_keysym("\x07")
+
+
+def test_the_callers_chromium_features_are_merged_with_orchards() -> None:
+    from orchard.gui._browser import _features
+
+    argv = _features(["--enable-features=Foo", "--lang=de", "--disable-features=Bar,Baz"])
+    assert argv[0] == "--enable-features=CDPScreenshotNewSurface,Foo"
+    assert argv[1].startswith("--disable-features=PaintHolding,")
+    assert argv[1].endswith(",Bar,Baz")
+    assert argv[2:] == ["--lang=de"]

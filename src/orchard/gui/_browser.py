@@ -35,6 +35,31 @@ FLAGS = (
     "--remote-debugging-port=0",
     "--window-position=0,0",
 )
+#: As Playwright launches Chromium: screenshots from a new surface (100 -> 80 ms for 1280x800 here), no paint
+#: holding (a page paints before any input), and no calls home (the sandbox has no route anyway).
+ENABLE_FEATURES = ("CDPScreenshotNewSurface",)
+DISABLE_FEATURES = (
+    "PaintHolding",
+    "MediaRouter",
+    "OptimizationHints",
+    "NetworkTimeServiceQuerying",
+    "AimEnabled",
+    "PreconnectToSearch",
+)
+
+
+def _features(args: Sequence[str]) -> list[str]:
+    """Orchard's ``--enable-features``/``--disable-features`` merged with the caller's (Chromium keeps the last)."""
+    enable, disable, rest = list(ENABLE_FEATURES), list(DISABLE_FEATURES), []
+    for arg in args:
+        name, _, value = arg.partition("=")
+        if name == "--enable-features":
+            enable += value.split(",")
+        elif name == "--disable-features":
+            disable += value.split(",")
+        else:
+            rest.append(arg)
+    return [f"--enable-features={','.join(enable)}", f"--disable-features={','.join(disable)}", *rest]
 
 
 class _Driver:
@@ -155,7 +180,7 @@ async def browser(
     if not (isinstance(w, int) and isinstance(h, int) and 16 <= w <= 8192 and 16 <= h <= 8192):
         raise invalid(f"size={size!r}: width and height must be integers from 16 to 8192")
     profile = f"/tmp/orchard-browser-{secrets.token_hex(6)}"
-    argv = [*FLAGS, f"--user-data-dir={profile}", f"--window-size={w},{h}", *args]
+    argv = [*FLAGS, f"--user-data-dir={profile}", f"--window-size={w},{h}", *_features(args)]
     env = {"HOME": profile}
     if display is None:
         argv.append("--headless")
