@@ -11,6 +11,7 @@ from docker_support import SWE
 
 import orchard
 import orchard.gui
+import orchard.rollout
 from gui_support import (
     BROWSER,
     SIZE,
@@ -22,6 +23,7 @@ from gui_support import (
 from orchard import DockerConfig
 from orchard.errors import BrowserCrashed, GuiUnavailable, InvalidRequest, NoDisplay
 from orchard.rollout._runner import infra_cause
+from orchard.tasks import Reward, Task
 from orchard_executor.protocol import ButtonEvent, DisplayInfo, PointerMove
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(180)]
@@ -157,3 +159,23 @@ async def test_something_else_on_the_display_socket_is_no_display(
             await sb._rpc.call("GET", "/v1/display", DisplayInfo, params={"display": ":66"})
         # The executor is fine.
         assert (await sb.exec(["true"])).exit_code == 0
+
+
+async def test_a_browser_crash_in_a_rollout_is_an_infra_error_not_the_agents(client: orchard.Client) -> None:
+    async def agent(sb: orchard.Sandbox, task: Task, *, attempt: int) -> str:
+        url = await serve_page(sb)
+        async with orchard.gui.browser(sb) as page:
+            await page.goto(url)
+            await sb.exec(["sh", "-c", "kill -9 $(pidof chromium)"])
+            await asyncio.sleep(0.5)
+            await page.click("#big")
+        return "clicked"
+
+    async def reward(client: orchard.Client, task: Task, answer: str) -> Reward:
+        return Reward(value=1.0, solved=True)
+
+    task = Task(id="crash", image=BROWSER, instruction="click the button")
+    results = await orchard.rollout.run(client, [task], agent=agent, reward=reward, retries=0, progress=False)
+    (record,) = results.records
+    assert record["kind"] == "infra_error", record
+    assert "BrowserCrashed" in record["error"]
