@@ -22,7 +22,7 @@ browser needs Playwright in the client (the ``gui`` extra), never a browser
 download. docs/gui.md has the image recipe and the computer-use action mapping.
 """
 
-from ._browser import browser
+from ._browser import browser, playwright
 from ._desktop import Desktop, desktop
 
-__all__ = ["Desktop", "browser", "desktop"]
+__all__ = ["Desktop", "browser", "desktop", "playwright"]

@@ -6,7 +6,7 @@ import asyncio
 import secrets
 import time
 from collections.abc import AsyncIterator, Sequence
-from contextlib import AsyncExitStack, asynccontextmanager, suppress
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager, suppress
 from typing import TYPE_CHECKING
 
 from ..errors import BrowserCrashed, CommandNotFound, GuiUnavailable, OrchardError, PathNotFound
@@ -60,6 +60,17 @@ def _features(args: Sequence[str]) -> list[str]:
         else:
             rest.append(arg)
     return [f"--enable-features={','.join(enable)}", f"--disable-features={','.join(disable)}", *rest]
+
+
+def playwright() -> AbstractAsyncContextManager[Playwright]:
+    """Keep Playwright's driver running for an ``async with`` block, for the browsers opened in it.
+
+    ``browser()`` starts the driver (a Node process, most of a browser's
+    start) when none runs in this event loop and stops it when its last
+    browser closes; a rollout worker that opens browsers one after another
+    holds it here instead and saves that start each time.
+    """
+    return _Driver.use()
 
 
 class _Driver:
@@ -198,9 +209,12 @@ async def browser(
                 await sb.remove(profile, recursive=True, missing_ok=True)
 
         stack.push_async_callback(stop)
-        port = await _devtools_port(sb, process, profile, deadline)
-        url = await stack.enter_async_context(sb.forward(port))
+        # Playwright's driver (a Node process, 0.6-0.8 s to start here) starts while Chromium does.
+        port_wait = asyncio.ensure_future(_devtools_port(sb, process, profile, deadline))
+        stack.callback(port_wait.cancel)
         playwright = await stack.enter_async_context(_Driver.use())
+        port = await port_wait
+        url = await stack.enter_async_context(sb.forward(port))
         from playwright.async_api import Error as PlaywrightError
 
         try:
