@@ -37,6 +37,23 @@ mkdir -p "$CACHE"
 
 step() { printf '== %s (%ss)\n' "$1" "$SECONDS"; }
 
+# wheels_for REQUIREMENTS DIR: binary wheels for the base image's CPython, downloaded once
+# into $CACHE/DIR/<hash of the requirements>; prints that directory.
+wheels_for() {
+  local dir
+  dir=$CACHE/$2/$(sha256sum "$1" | cut -c1-16)
+  if [ ! -f "$dir/.complete" ]; then
+    rm -rf "$dir" && mkdir -p "$dir" || return 1
+    "$PY" -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: \
+      --python-version 3.11 --implementation cp --abi cp311 \
+      --platform manylinux_2_36_x86_64 --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+      --platform manylinux2014_x86_64 --platform manylinux_2_5_x86_64 --platform manylinux1_x86_64 \
+      -d "$dir" -r "$1" >&2 || return 1 # errexit does not reach into $(...)
+    touch "$dir/.complete"
+  fi
+  echo "$dir"
+}
+
 step "packages"
 missing=()
 for pkg in docker.io debootstrap busybox-static patchelf gcc libc6-dev; do
@@ -116,18 +133,7 @@ step "browser image"
 browser_key=$({ cat images/tasks/browser/Dockerfile images/tasks/browser/requirements.txt
   "$DOCKER" image inspect -f '{{.Id}}' "$BASE"; } | sha256sum | cut -c1-16)
 if [ "$("$DOCKER" image inspect -f '{{ index .Config.Labels "orchard.browser.key" }}' orchard-test/browser:latest 2>/dev/null)" != "$browser_key" ]; then
-  req_key=$(sha256sum images/tasks/browser/requirements.txt | cut -c1-16)
-  bwheels=$CACHE/browser-wheels/$req_key
-  if [ ! -f "$bwheels/.complete" ]; then
-    rm -rf "$bwheels"
-    mkdir -p "$bwheels"
-    "$PY" -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: \
-      --python-version 3.11 --implementation cp --abi cp311 \
-      --platform manylinux_2_36_x86_64 --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
-      --platform manylinux2014_x86_64 --platform manylinux_2_5_x86_64 --platform manylinux1_x86_64 \
-      -d "$bwheels" -r images/tasks/browser/requirements.txt
-    touch "$bwheels/.complete"
-  fi
+  bwheels=$(wheels_for images/tasks/browser/requirements.txt browser-wheels)
   tar -c -C images/tasks/browser Dockerfile requirements.txt \
     -C "$bwheels" --transform='s|^[^/]*\.whl$|wheels/&|' $(cd "$bwheels" && ls -- *.whl) |
     "$DOCKER" build -q --build-arg BASE="$BASE" --label "orchard.browser.key=$browser_key" \
@@ -139,18 +145,7 @@ echo "orchard-test/browser:latest: $((size / 1000000)) MB"
 step "executor wheels"
 # Downloaded here, where the package index is reachable, and passed in the build
 # context, so the image build itself needs no network.
-req_key=$(sha256sum images/executor/requirements.txt | cut -c1-16)
-wheels=$CACHE/wheels/$req_key
-if [ ! -f "$wheels/.complete" ]; then
-  rm -rf "$wheels"
-  mkdir -p "$wheels"
-  "$PY" -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: \
-    --python-version 3.11 --implementation cp --abi cp311 \
-    --platform manylinux_2_36_x86_64 --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
-    --platform manylinux2014_x86_64 --platform manylinux_2_5_x86_64 --platform manylinux1_x86_64 \
-    -d "$wheels" -r images/executor/requirements.txt
-  touch "$wheels/.complete"
-fi
+wheels=$(wheels_for images/executor/requirements.txt wheels)
 
 step "injector image"
 # The tests refuse an injector image built from other executor sources than the tree's.
