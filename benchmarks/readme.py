@@ -313,6 +313,74 @@ def _exec(r: dict[str, Any]) -> str:
     return str(bench_exec.markdown(r))
 
 
+_GUI_PATHS = {
+    "playwright_cdp_forward": "Playwright `page.screenshot()` / `mouse.click`, over CDP through `forward()`",
+    "playwright_mouse_click": "Playwright `page.screenshot()` / `mouse.click`, over CDP through `forward()`",
+    "desktop_executor_x11": "`Desktop.screenshot()` / `Desktop.click` (the executor's X11 client)",
+    "desktop_click_executor_xtest": "`Desktop.screenshot()` / `Desktop.click` (the executor's X11 client)",
+    "exec_scrot": "`exec` of `scrot` / `xdotool`",
+    "exec_xdotool": "`exec` of `scrot` / `xdotool`",
+    "reference_exec_curl": "reference: Playwright in the sandbox behind a server, `exec` of `curl`",
+}
+
+
+def gui(r: dict[str, Any]) -> str:
+    """bench_gui.py on docker and kubernetes, and the dev node's capacity."""
+    lines = []
+    for run in r["runs"]:
+        where = run["backend"] + (f" ({run['transport']})" if run.get("transport") else "")
+        m = run["machine"]
+        lines.append(
+            f"**{where}**, load average {m['load_before'][0]:.1f} at start, {run['reps']} reps per path, "
+            f"{run['ready']['starts']} starts per way, interleaved:"
+        )
+        lines.append("")
+        lines.append("| 1280x800, p50 / p99 ms (x the reference's p50) | screenshot (PNG) | click round trip |")
+        lines.append("| --- | ---: | ---: |")
+        rows: dict[str, list[str]] = {}
+        for section in ("screenshot_1280x800", "click_round_trip"):
+            for key, v in run[section].items():
+                label = _GUI_PATHS[key]
+                cell = f"{v['p50_ms']:.1f} / {v['p99_ms']:.1f} (x{v['x_reference']:.2f})"
+                rows.setdefault(label, []).append(cell)
+        for label, cells in rows.items():
+            lines.append(f"| {label} | {' | '.join(cells)} |")
+        ready = run["ready"]
+        lines.append("")
+        lines.append(
+            "| create to first screenshot, p50 ms | create | browser ready | goto + first screenshot | total |"
+        )
+        lines.append("| --- | ---: | ---: | ---: | ---: |")
+        for key, label in (
+            ("orchard", "`orchard.gui.browser`, Playwright's driver started for it"),
+            ("orchard_driver_running", "`orchard.gui.browser` under `orchard.gui.playwright()`"),
+            ("reference", "reference: a server in the sandbox starts Playwright and Chromium"),
+        ):
+            x = ready[key]
+            lines.append(
+                f"| {label} | {x['create_ms']:.0f} | {x['browser_ms']:.0f} | {x['first_screenshot_ms']:.0f} | "
+                f"{x['total_ms']:.0f} |"
+            )
+        lines.append("")
+        lines.append(
+            f"Memory of the sandbox (cgroup rss + shmem): {run['memory_mib_headless_browser']:.0f} MiB with headless "
+            f"Chromium and one page, {run['memory_mib_desktop_and_headed_browser']:.0f} MiB with Xvfb, openbox and "
+            f"a headed Chromium; a desktop screenshot is {run['desktop_png_kib']:.0f} KiB."
+        )
+        lines.append("")
+    c = r.get("capacity")
+    if c:
+        lines.append(
+            f"**Capacity** ({c['backend']}, the dev node, 24 GiB): GUI sandboxes started one after another, each a "
+            f"headless Chromium with the page open, until {c['stopped_because']}: **{c['held']}** held at once, "
+            f"{c['answering']} of them answering at the end, {c['memory_mib_p50']:.0f} MiB each (p50; max "
+            f"{c['memory_mib_max']:.0f}); available memory {c['available_gib_start']:.1f} GiB before, "
+            f"{c['available_gib_full']:.1f} GiB full, {c['available_gib_after']:.1f} GiB after; "
+            f"{c['left_over']} sandboxes left over after the client closed ({c['seconds']:.0f} s in all)."
+        )
+    return "\n".join(lines).rstrip()
+
+
 TABLES: dict[str, Callable[[dict[str, Any]], str]] = {
     "local": local,
     "executor": executor,
@@ -324,6 +392,7 @@ TABLES: dict[str, Callable[[dict[str, Any]], str]] = {
     "rollout": rollout,
     "warm": warm,
     "fork": fork,
+    "gui": gui,
     "suite": suite,
 }
 

@@ -34,6 +34,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import bench_scale
 
@@ -53,6 +54,7 @@ PARTS = (
     "rollout",
     "warm",
     "fork",
+    "gui",
 )
 IMAGE = "orchard-test/swe:latest"  # Debian with python3: the protocol's first command needs it
 
@@ -95,6 +97,33 @@ def forward(kubeconfig: str, quick: bool) -> None:
         runs.append(json.loads(path.read_text()))
         path.unlink()
     (RESULTS / "forward.json").write_text(json.dumps({"runs": runs}, indent=2) + "\n")
+
+
+def gui(kubeconfig: str, quick: bool) -> None:
+    """bench_gui.py on docker and kubernetes, then the dev node's GUI capacity, into one gui.json."""
+    os.environ["KUBECONFIG"] = kubeconfig  # bench_gui.py reads it
+    out: dict[str, Any] = {"runs": []}
+    for backend in ("docker", "kubernetes"):
+        path = RESULTS / f".gui-{backend}.json"
+        python(
+            "benchmarks/bench_gui.py",
+            f"--backend={backend}",
+            f"--json={path}",
+            *(["--reps=10", "--starts=2"] if quick else []),
+        )
+        out["runs"].append(json.loads(path.read_text()))
+        path.unlink()
+    path = RESULTS / ".gui-capacity.json"
+    python(
+        "benchmarks/bench_gui.py",
+        "--capacity",
+        "--backend=kubernetes",
+        f"--json={path}",
+        *(["--max=5"] if quick else []),
+    )
+    out["capacity"] = json.loads(path.read_text())
+    path.unlink()
+    (RESULTS / "gui.json").write_text(json.dumps(out, indent=2) + "\n")
 
 
 def main() -> None:
@@ -142,6 +171,8 @@ def main() -> None:
             python(f"benchmarks/bench_{part}.py", json_out, *(["--iterations=200"] if args.quick else []))
         elif part == "forward":
             forward(args.kubeconfig, args.quick)
+        elif part == "gui":
+            gui(args.kubeconfig, args.quick)
         elif part in ("rollout", "warm", "fork"):
             os.environ["KUBECONFIG"] = args.kubeconfig  # each reads it
             quick = {"rollout": ["--quick"], "warm": ["--runs=5", "--burst=4"], "fork": ["--runs=2"]}[part]
