@@ -13,6 +13,7 @@ from PIL import Image
 
 import orchard
 import orchard.gui
+from orchard_executor.protocol import KeyEvent
 
 BROWSER = "orchard-test/browser:latest"
 #: The page the tests load from a server in the sandbox: a text box at the top, a big blue button
@@ -107,11 +108,15 @@ async def desktop_types_into_xterm(sb: orchard.Sandbox) -> None:
 
         await until(painted, "xterm's window")
         await d.click(200, 150)
+        await d.type("echo ")
+        # A shifted key pressed in one request and released in the next: the Shift added for it goes with it.
+        await d.send([KeyEvent(keysym=ord("S"), down=True)])
+        await d.send([KeyEvent(keysym=ord("S"), down=False)])
         # Upper case, digits and shifted punctuation: Shift must be pressed for some keys and not others.
-        await d.type("echo Typed_By-Orchard:42 > /tmp/typed")
+        await d.type("plit_Typed_By-Orchard:42 > /tmp/typed")
         await d.key("Return")
         await until(lambda: sb.exists("/tmp/typed"), "the typed command's file")
-        assert await sb.read_file("/tmp/typed") == b"Typed_By-Orchard:42\n"
+        assert await sb.read_file("/tmp/typed") == b"Split_Typed_By-Orchard:42\n"
         shown = await d.screenshot()
         # Two lines of text (the command, then the prompt) were drawn in the terminal's top rows.
         assert differing(blank, shown, (0, 0, 700, 60)) > 500

@@ -106,6 +106,8 @@ class Connection:
         self._keymap: list[list[int]] = []
         self._spare: list[int] = []
         self._next_spare = 0
+        #: Keycodes pressed with a Shift the executor added, released with their key (in this request or a later one).
+        self._shifted: set[int] = set()
 
     @classmethod
     async def open(cls, display: str, xauthority: str | None) -> Connection:
@@ -330,7 +332,6 @@ class Connection:
         await self._xtest()
         if not self._keymap:
             await self._load_keymap()
-        shifted: dict[int, bool] = {}
         for event in events:
             if isinstance(event, PointerMove):
                 self._write(self._fake(_MOTION, 0, event.x, event.y))
@@ -345,11 +346,12 @@ class Connection:
                 if event.down:
                     if shift_code is not None:
                         self._write(self._fake(_KEY_PRESS, shift_code[0]))
-                        shifted[keycode] = True
+                        self._shifted.add(keycode)
                     self._write(self._fake(_KEY_PRESS, keycode))
                 else:
                     self._write(self._fake(_KEY_RELEASE, keycode))
-                    if shifted.pop(keycode, False) and shift_code is not None:
+                    if keycode in self._shifted and shift_code is not None:
+                        self._shifted.discard(keycode)
                         self._write(self._fake(_KEY_RELEASE, shift_code[0]))
             elif isinstance(event, PauseEvent):
                 await self.sync()
