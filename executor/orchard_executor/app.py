@@ -667,13 +667,13 @@ def _displays(request: web.Request) -> display.Displays:
 
 async def display_info(request: web.Request) -> web.Response:
     """The size and depth of an X display in the sandbox (connecting to it if need be)."""
-    from .protocol import DisplayName, PathText
+    from .protocol import DisplayQuery
 
-    name = _decoded(encode(request.query.get("display", "")), DisplayName, MSGPACK)
-    xauthority = request.query.get("xauthority")
-    if xauthority is not None:
-        xauthority = _decoded(encode(xauthority), PathText, MSGPACK)
-    async with _displays(request).use(name, xauthority) as conn:
+    try:
+        query = msgspec.convert(dict(request.query), DisplayQuery)
+    except msgspec.ValidationError as exc:
+        raise ExecutorError("bad_request", f"invalid display query: {exc}") from None
+    async with _displays(request).use(query.display, query.xauthority) as conn:
         await conn.sync()  # the server is there now, not only when the connection was made
         return _reply(request, conn.info)
 

@@ -104,6 +104,7 @@ class Connection:
         self._bgrx = False
         self._xtest_opcode = 0
         self._keymap: list[list[int]] = []
+        self._codes: dict[int, tuple[int, bool]] = {}
         self._spare: list[int] = []
         self._next_spare = 0
         #: Keycodes pressed with a Shift the executor added, released with their key (in this request or a later one).
@@ -295,17 +296,20 @@ class Connection:
         per = reply[1]
         syms = struct.unpack_from(f"<{count * per}I", reply, 32)
         self._keymap = [list(syms[i * per : (i + 1) * per]) for i in range(count)]
+        # The keycode that types each keysym, and whether it needs Shift: the first key with it
+        # unshifted, else the first with it shifted.
+        self._codes = {}
+        for level in (0, 1):
+            for i, row in enumerate(self._keymap):
+                if len(row) > level and row[level]:
+                    self._codes.setdefault(row[level], (self.min_keycode + i, level == 1))
         if not self._spare:
             empty = [self.min_keycode + i for i, row in enumerate(self._keymap) if not any(row)]
             self._spare = empty[-_SPARE_KEYCODES:]
 
     def _find(self, keysym: int) -> tuple[int, bool] | None:
         """The keycode that types ``keysym``, and whether it needs Shift."""
-        for level in (0, 1):
-            for i, row in enumerate(self._keymap):
-                if len(row) > level and row[level] == keysym:
-                    return self.min_keycode + i, level == 1
-        return None
+        return self._codes.get(keysym)
 
     async def _bind(self, keysym: int) -> int:
         """Bind a keysym no key types to a spare keycode (both levels), and return that keycode."""
@@ -319,7 +323,11 @@ class Connection:
             struct.pack("<BBHBBxx", _CHANGE_KEYBOARD_MAPPING, 1, 2 + per, keycode, per) + struct.pack(f"<{per}I", *row),
             reply=False,
         )
+        for old in self._keymap[keycode - self.min_keycode]:  # the keysym it typed before types no more
+            if self._codes.get(old, (0,))[0] == keycode:
+                del self._codes[old]
         self._keymap[keycode - self.min_keycode] = row
+        self._codes[keysym] = (keycode, False)
         # Applications reread the keymap when they see MappingNotify: let it arrive before the key.
         await self.sync()
         return keycode

@@ -415,6 +415,13 @@ class DisplayInfo(msgspec.Struct, kw_only=True):
     depth: int
 
 
+class DisplayQuery(msgspec.Struct, kw_only=True):
+    """The query of ``GET /v1/display``: which display, and its cookie's file if it wants one."""
+
+    display: DisplayName
+    xauthority: PathText | None = None
+
+
 class ScreenshotRequest(msgspec.Struct, kw_only=True):
     """Grab the display's root window (or a region of it) as a PNG."""
 

@@ -67,6 +67,10 @@ async def test_off_screen_input_unknown_keys_and_a_dead_x_server_are_typed_error
         with pytest.raises(InvalidRequest, match=r"\(5000, 10\) is outside"):
             await d.send([ButtonEvent(button=1, down=True), PointerMove(x=5000, y=10)])
         await d.send([PointerMove(x=5, y=5)])
+        # A display name or cookie path the OS could not take is refused before anything connects.
+        for query in ({"display": "/etc/passwd"}, {"display": ":1\x00"}, {"display": d.display, "xauthority": ""}):
+            with pytest.raises(InvalidRequest, match="invalid display query"):
+                await sb._rpc.call("GET", "/v1/display", DisplayInfo, params=query)
         # The X server dies: the next action is NoDisplay, an environment failure for the runner.
         await sb.exec(["sh", "-c", "kill -9 $(pidof Xvfb)"])
 

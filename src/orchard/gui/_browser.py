@@ -10,7 +10,7 @@ from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontext
 from typing import TYPE_CHECKING
 
 from ..errors import BrowserCrashed, CommandNotFound, GuiUnavailable, OrchardError, PathNotFound
-from ._keys import invalid
+from ._common import checked_size, ended
 
 if TYPE_CHECKING:
     from playwright.async_api import Browser, Page, Playwright
@@ -127,17 +127,16 @@ async def _start(sb: Sandbox, argv: list[str], env: dict[str, str], executable: 
 async def _crashed(sb: Sandbox, process: Process, what: str) -> BrowserCrashed | None:
     """A BrowserCrashed if the browser process has ended, else None."""
     try:
-        status = await process.status()
-        if status.running:
-            return None
-        stderr = (await process.output("stderr")).decode(errors="replace")[-4000:]
+        end = await ended(process)
     except OrchardError as exc:
         return BrowserCrashed(f"the browser's sandbox failed: {exc}", sandbox_id=sb.id)
-    how = f"exit code {status.exit_code}" if status.signal is None else f"signal {status.signal}"
+    if end is None:
+        return None
+    how, exit_code, signal, stderr = end
     return BrowserCrashed(
         f"the browser in the sandbox ended ({how}) {what}",
-        exit_code=status.exit_code,
-        signal=status.signal,
+        exit_code=exit_code,
+        signal=signal,
         stderr=stderr,
         sandbox_id=sb.id,
     )
@@ -187,9 +186,7 @@ async def browser(
         GuiUnavailable: no browser in the image, Playwright not installed, or no DevTools port in ``timeout``.
         BrowserCrashed: the browser ended before it was ready, or while the block ran.
     """
-    w, h = size
-    if not (isinstance(w, int) and isinstance(h, int) and 16 <= w <= 8192 and 16 <= h <= 8192):
-        raise invalid(f"size={size!r}: width and height must be integers from 16 to 8192")
+    w, h = checked_size(size)
     profile = f"/tmp/orchard-browser-{secrets.token_hex(6)}"
     argv = [*FLAGS, f"--user-data-dir={profile}", f"--window-size={w},{h}", *_features(args)]
     env = {"HOME": profile}

@@ -23,7 +23,7 @@ from orchard_executor.protocol import (
 from .._rpc import MAX_REPLY
 from ..errors import CommandNotFound, GuiUnavailable, NoDisplay, OrchardError
 from . import _keys
-from ._keys import invalid
+from ._common import checked_size, ended, invalid
 
 if TYPE_CHECKING:
     from .._sandbox import Process, Sandbox
@@ -239,12 +239,10 @@ async def _wait_ready(sb: Sandbox, display: str, server: Process, deadline: floa
         try:
             return await sb._rpc.call("GET", "/v1/display", DisplayInfo, params={"display": display})
         except NoDisplay:
-            status = await server.status()
-            if not status.running:
-                err = (await server.output("stderr")).decode(errors="replace")[-2000:]
+            end = await ended(server)
+            if end is not None:
                 raise GuiUnavailable(
-                    f"the X server for {display} exited ({status.exit_code or status.signal}): {err}",
-                    sandbox_id=sb.id,
+                    f"the X server for {display} exited ({end[0]}): {end[3]}", sandbox_id=sb.id
                 ) from None
             if time.monotonic() > deadline:
                 raise
@@ -270,9 +268,7 @@ async def desktop(
     Raises:
         GuiUnavailable: the image has no Xvfb (or no window manager that was named), or it did not start.
     """
-    w, h = size
-    if not (isinstance(w, int) and isinstance(h, int) and 16 <= w <= 8192 and 16 <= h <= 8192):
-        raise invalid(f"size={size!r}: width and height must be integers from 16 to 8192")
+    w, h = checked_size(size)
     argv = ["Xvfb", display or "-displayfd", *([] if display else ["1"])]
     argv += ["-screen", "0", f"{w}x{h}x24", "-nolisten", "tcp"]
     try:
@@ -315,12 +311,9 @@ async def _display_number(sb: Sandbox, server: Process, deadline: float) -> str:
         out = await server.output("stdout")
         if out.endswith(b"\n") and out.strip().isdigit():
             return f":{int(out)}"
-        status = await server.status()
-        if not status.running:
-            err = (await server.output("stderr")).decode(errors="replace")[-2000:]
-            raise GuiUnavailable(
-                f"Xvfb exited ({status.exit_code or status.signal}) before it took a display: {err}", sandbox_id=sb.id
-            )
+        end = await ended(server)
+        if end is not None:
+            raise GuiUnavailable(f"Xvfb exited ({end[0]}) before it took a display: {end[3]}", sandbox_id=sb.id)
         if time.monotonic() > deadline:
             raise GuiUnavailable(f"Xvfb took no display in {START_TIMEOUT:g}s", sandbox_id=sb.id)
         await asyncio.sleep(0.02)

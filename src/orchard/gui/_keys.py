@@ -9,13 +9,7 @@ else must be a name here, or ``InvalidRequest`` is raised.
 
 from __future__ import annotations
 
-from ..errors import InvalidRequest
-
-
-def invalid(message: str) -> InvalidRequest:
-    """The error for an action the client refuses before sending it: the executor's type for the same refusal."""
-    return InvalidRequest(message, code="bad_request")
-
+from ._common import invalid
 
 #: X keysyms of named keys (from X11/keysymdef.h), and the aliases models use.
 NAMED: dict[str, int] = {
