@@ -353,6 +353,43 @@ async def test_cancel_then_resume_runs_each_attempt_once(
     assert no_sandboxes(local_root)
 
 
+async def test_a_cancel_lost_in_the_start_still_ends_the_attempt(
+    local_client: orchard.Client, local_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run cancelled as an attempt's sandbox gets ready ends that attempt even if the cancel was lost below.
+
+    Python 3.11's asyncio.wait_for (the local backend waits for the executor's ready line with it) returns and
+    drops a cancel that comes in the step it ends: the attempt went on to its agent, and the cancelled run
+    waited for it (test_cancel_then_resume's stalls for an hour).
+    """
+    create = local_client.create
+    created = asyncio.Event()
+    ran: list[tuple[str, int]] = []
+
+    async def losing_create(image: str = "local", **spec: Any) -> orchard.Sandbox:
+        sb = await create(image, **spec)
+        if not created.is_set():  # the attempt's sandbox; the reward's start as usual
+            created.set()
+            with contextlib.suppress(asyncio.CancelledError):  # the run's cancel, lost as wait_for loses it
+                await asyncio.Event().wait()
+        return sb
+
+    async def agent(sb: orchard.Sandbox, task: Task, *, attempt: int) -> str:
+        ran.append((task.id, attempt))
+        return await seeded_agent(sb, task, attempt=attempt)
+
+    monkeypatch.setattr(local_client, "create", losing_create)
+    run = asyncio.ensure_future(
+        orchard.rollout.run(local_client, make_tasks("always"), agent=agent, reward=check_reward, progress=False)
+    )
+    await created.wait()
+    run.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await run
+    assert ran == []  # the cancelled attempt did not go on to its agent
+    assert no_sandboxes(local_root)
+
+
 async def _until(check: Any) -> None:
     while not check():
         await asyncio.sleep(0.05)

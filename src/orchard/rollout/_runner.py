@@ -113,6 +113,18 @@ def _describe_error(exc: BaseException) -> tuple[str, str]:
     return f"{type(exc).__name__}: {exc}", "".join(traceback.format_exception(exc))
 
 
+def _stop_if_cancelled() -> None:
+    """Raise ``CancelledError`` if this attempt's task was cancelled (its run was) and the cancellation got lost.
+
+    Python 3.11's ``asyncio.wait_for`` (the local backend's start waits for the executor with it) returns the
+    result and drops the cancellation when what it waits for ends in the step the cancellation comes: the
+    attempt would go on to its agent, which may run for hours, and the cancelled run would wait for it.
+    """
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
+
+
 class _Run:
     def __init__(
         self,
@@ -209,6 +221,7 @@ class _Run:
         answered = False
         tries = 0
         while tries <= self.retries:
+            _stop_if_cancelled()
             tries += 1
             record["tries"] = tries
             if not answered:
@@ -219,6 +232,7 @@ class _Run:
                 if record["kind"] == "agent_error":
                     break
                 answer, answered = record["answer"], True
+                _stop_if_cancelled()
             failure = await self._run_reward(task, answer, record)
             if failure is not None:
                 record["infra"].append(failure)
@@ -255,6 +269,7 @@ class _Run:
                 durations["start"] = min(max(sb.timings.values(), default=ready), ready)
                 durations["setup"] = ready - durations["start"]
                 record["sandbox_id"] = sb.id
+                _stop_if_cancelled()
                 failure = await self._in_sandbox(sb, task, attempt, record)
         except OrchardError as exc:
             if sb is not None:
