@@ -301,6 +301,61 @@ def fork(r: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
+def chaos(r: dict[str, Any]) -> str:
+    """bench_chaos.py: per fault window, what the sandboxes at work saw; then every file and pod accounted for."""
+    t = r["totals"]
+    rows = [
+        _measured_by("chaos", r["machine"]) + f"{r['n']} busybox sandboxes at work from one Client "
+        f"(`read_timeout={r['read_timeout_s']:g}`, `liveness_timeout={r['liveness_timeout_s']:g}`), each worker "
+        "writing random bytes to a fresh file, running `echo ok` and now and then reading a file back, its sandbox "
+        f"replaced every {r['lifetime_s']:g} s or so (all its files read back first) or when lost; every call under "
+        f"an outer {r['outer_timeout_s']:g} s deadline (past it: hung). Faults fire one after another; a fault's "
+        "window runs until the next one fires. Affected: sandboxes with a call that failed or took more than "
+        f"{r['delayed_s']:g} s; recovered: those whose worker worked again after, in the same sandbox or a new one; "
+        "back at work: seconds from the fault until the last worker it troubled worked again.",
+        "",
+        "| fault | fault s | calls ok / failed | slowest call s: work / create | creates | sandboxes affected | recovered | "
+        "back at work s | typed errors | to typed error p50 / max s | hung | untyped | files lost | pods left |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for x in r["windows"]:
+        if x["window"] in ("warm-up", "verify and close"):
+            continue
+        f = x["fault"]
+        err = x["to_typed_error_s"]
+        typed = ", ".join(f"{k} x{v}" for k, v in x["typed_errors"].items()) or "none"
+        back = x["back_to_work_s"]
+        rows.append(
+            f"| {x['window']} | {_s(f.get('fault_s'))} | {x['calls_ok']} / {x['calls_failed']} | "
+            f"{x['slowest_work_s']:.1f} / {x['slowest_create_s']:.1f} | {x['creates']} | {x['sandboxes_affected']} | {x['recovered_by_retry']} | "
+            f"{_s(back)} | {typed} | {_s(err and err['p50'])} / {_s(err and err['max'])} | {x['hung']} | "
+            f"{x['untyped']} | {x['files_lost']} | {x['pods_left_over']} |"
+        )
+    files = t["files"]
+    ends = t["sandbox_ends"]
+    rows += [
+        "",
+        f"In all: {t['calls']} calls, {t['hung']} hung, {t['untyped']} untyped errors; {t['sandboxes']} sandboxes "
+        f"started, {ends.get('verified', 0)} read back whole, {ends.get('lost', 0)} reported lost "
+        f"(`SandboxLost`), {ends.get('abandoned', 0)} given up without a report; {files.get('written', 0)} files "
+        f"written, {files.get('verified', 0)} read back intact, **{t['files_lost']} lost** (a write that returned "
+        f"but whose bytes were gone or different), {files.get('lost with a reported sandbox', 0)} gone with a "
+        f"sandbox reported lost; {t['pods_left_over']} pods left once the Client closed.",
+    ]
+    killed = next((x["fault"].get("result") for x in r["windows"] if x["window"] == "SIGKILL a client"), None)
+    if isinstance(killed, dict):
+        rows[-1] += (
+            f" Of the SIGKILLed client's {len(killed['started'])} pods, `collect_garbage` (what `orchard gc` runs) "
+            f"deleted {len(killed['pods_collected'])} once its {killed['lease_s']} s Lease had expired; "
+            f"{len(killed['pods_left_over'])} left."
+        )
+    return "\n".join(rows)
+
+
+def _s(v: float | None) -> str:
+    return "-" if v is None else f"{v:.1f}"
+
+
 def suite(r: dict[str, Any]) -> str:
     parts = ", ".join(f"{k} {v / 60:.1f}" for k, v in r.get("parts_s", {}).items())
     total = r["total_s"] if "total_s" in r else sum(r.get("parts_s", {}).values())
@@ -393,6 +448,7 @@ TABLES: dict[str, Callable[[dict[str, Any]], str]] = {
     "warm": warm,
     "fork": fork,
     "gui": gui,
+    "chaos": chaos,
     "suite": suite,
 }
 

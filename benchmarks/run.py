@@ -21,6 +21,8 @@ Parts, each also a script of its own (see its docstring):
                 and 128 on docker and kubernetes, and what adaptive=True saves
 - ``warm``      bench_warm.py: warm pool claims against cold starts on local, docker and kubernetes
 - ``fork``      bench_fork.py: starting from a snapshot against redoing the setup (a venv with packages)
+- ``chaos``     bench_chaos.py: 12 sandboxes at work while faults fire at the dev cluster (as root), every
+                outcome accounted for: typed errors, lost files, hung calls, pods left over
 
 Results go to benchmarks/results/NAME.json, plots to benchmarks/results/*.png.
 """
@@ -55,6 +57,7 @@ PARTS = (
     "warm",
     "fork",
     "gui",
+    "chaos",
 )
 IMAGE = "orchard-test/swe:latest"  # Debian with python3: the protocol's first command needs it
 
@@ -173,6 +176,8 @@ def main() -> None:
             forward(args.kubeconfig, args.quick)
         elif part == "gui":
             gui(args.kubeconfig, args.quick)
+        elif part == "chaos":
+            python("benchmarks/bench_chaos.py", kube, json_out, *(["--quick"] if args.quick else []))
         elif part in ("rollout", "warm", "fork"):
             os.environ["KUBECONFIG"] = args.kubeconfig  # each reads it
             quick = {"rollout": ["--quick"], "warm": ["--runs=5", "--burst=4"], "fork": ["--runs=2"]}[part]
