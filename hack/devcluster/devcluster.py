@@ -8,6 +8,7 @@ Usage::
     hack/devcluster/devcluster env      # shell exports: KUBECONFIG, PATH (kubectl)
     hack/devcluster/devcluster down     # stop everything it started, undo every change [--keep-logs DIR]
     hack/devcluster/devcluster build    # only build/refresh the Kubernetes, etcd and kube-router binaries
+    hack/devcluster/devcluster fault .. # fire a fault at the running cluster (faults.py: restart, partition, drain, ...)
 
 What ``up`` does:
 
@@ -552,6 +553,10 @@ def start(name: str, cmd: list[str], env: dict[str, str] | None = None) -> int:
     )
     logf.close()
     (PIDS / f"{name}.pid").write_text(f"{p.pid} {_starttime(p.pid)}\n")
+    # How it was started, for `devcluster fault restart` (the environment may hold secrets: root only).
+    fd = os.open(PIDS / f"{name}.cmd", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with open(fd, "w") as f:
+        json.dump({"argv": cmd, "env": env}, f)
     log(f"started {name} (pid {p.pid})")
     return p.pid
 
@@ -602,6 +607,7 @@ def stop(name: str, timeout: float = 15.0) -> None:
         log(f"stopping {name} (pid {pid})")
         stop_pid(pid, timeout)
     (PIDS / f"{name}.pid").unlink(missing_ok=True)
+    (PIDS / f"{name}.cmd").unlink(missing_ok=True)
 
 
 def wait_for(what: str, check: object, timeout: float, component: str | None = None, interval: float = 0.25) -> None:
@@ -639,7 +645,7 @@ def api(path: str, method: str = "GET", body: object | None = None, timeout: flo
         method=method,
         headers={
             "Authorization": f"Bearer {_tokens()['admin']}",
-            "Content-Type": "application/json",
+            "Content-Type": "application/merge-patch+json" if method == "PATCH" else "application/json",
             "Accept": "application/json",
         },
     )
