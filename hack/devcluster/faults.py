@@ -38,6 +38,7 @@ what it did, for the chaos run to account for. Only the standard library.
 from __future__ import annotations
 
 import argparse
+import base64
 import contextlib
 import json
 import os
@@ -47,7 +48,8 @@ import subprocess
 import sys
 import time
 import urllib.error
-from collections.abc import Iterator
+import urllib.request
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -85,12 +87,18 @@ def _serving(component: str) -> bool:
 
 
 def restart(
-    component: str, *, down: float = 0.0, kill: bool = False, grace: float = 10.0, timeout: float = 120.0
+    component: str,
+    *,
+    down: float = 0.0,
+    kill: bool = False,
+    grace: float = 10.0,
+    timeout: float = 120.0,
+    meanwhile: Callable[[], object] | None = None,
 ) -> float:
     """Stop ``component``, keep it down ``down`` seconds, start it as ``up`` did; seconds until it serves.
 
     A SIGTERM is followed by SIGKILL after ``grace`` seconds: kube-apiserver 1.34 can take more than 30 s
-    to exit after its graceful shutdown finished (measured here).
+    to exit after its graceful shutdown finished (measured here). ``meanwhile`` is called while it is down.
     """
     if component not in dc.COMPONENTS:
         raise FaultError(f"no component {component!r}: one of {', '.join(dc.COMPONENTS)}")
@@ -105,6 +113,8 @@ def restart(
     dc.log(f"fault: {'killing' if kill else 'stopping'} {component} (pid {pid}) for {down:g}s")
     dc.stop_pid(pid, timeout=grace, sig=signal.SIGKILL if kill else signal.SIGTERM)
     time.sleep(down)
+    if meanwhile is not None:
+        meanwhile()
     dc.start(component, started["argv"], env=started["env"])
     dc.wait_for(f"{component} serving again", lambda: _serving(component), timeout, component, interval=0.1)
     return time.monotonic() - t0
@@ -165,6 +175,30 @@ def partition(seconds: float, *, reset_connections: bool = False) -> None:
     """Cut the host from the pods for ``seconds`` (see ``partitioned``)."""
     with partitioned(reset_connections=reset_connections):
         time.sleep(seconds)
+
+
+def _etcd(call: str, body: dict[str, Any]) -> dict[str, Any]:
+    """One call of etcd's v3 JSON gateway (keys base64)."""
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{dc.ETCD_CLIENT_PORT}/v3/{call}", data=json.dumps(body).encode(), method="POST"
+    )
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return dict(json.loads(r.read()))
+
+
+def forget_pod(namespace: str, name: str) -> None:
+    """Delete a pod from etcd behind the API server's back, then compact etcd's history past the deletion.
+
+    With the API server down, a watch that comes back from before can no longer be told of the
+    deletion (410 Gone: its resource version is compacted away) and learns of it only by listing again.
+    The kubelet, seeing the pod gone, ends its containers.
+    """
+    key = base64.b64encode(f"/registry/pods/{namespace}/{name}".encode()).decode()
+    deleted = _etcd("kv/deleterange", {"key": key})
+    if deleted.get("deleted") != "1":
+        raise FaultError(f"pod {namespace}/{name} is not in etcd")
+    _etcd("kv/compaction", {"revision": deleted["header"]["revision"], "physical": True})
+    dc.log(f"fault: pod {namespace}/{name} deleted in etcd and its history compacted")
 
 
 def pod(namespace: str, name: str) -> dict[str, Any]:
