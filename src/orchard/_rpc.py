@@ -60,7 +60,8 @@ Body = bytes | AsyncIterable[bytes] | None
 #: and to send a whole reply once it has begun.
 READ_TIMEOUT = 60.0
 #: Default seconds of executor silence, while a request waits, before a liveness
-#: probe; and the probe's own deadline. A frozen executor fails requests within twice this.
+#: probe; and the probe's own deadline. A frozen executor fails requests within twice this, plus the few
+#: seconds a backend that watches its sandboxes (kubernetes: 3) waits to learn why.
 LIVENESS_TIMEOUT = 20.0
 #: Largest structured reply read from an executor unless a request allows more.
 MAX_REPLY = 64 * 1024 * 1024
@@ -191,6 +192,8 @@ class ExecutorClient:
         #: Loop time of the executor's last reply: proof that it was alive then.
         self._alive_at = 0.0
         self.closed = False
+        #: Why the sandbox ended, once its backend saw it end (``ended``): every request fails with it.
+        self._ended: Callable[[], OrchardError] | None = None
 
     def _timeout(self, command_timeout: float | None) -> aiohttp.ClientTimeout:
         """The reply deadline: ``read_timeout`` past the command's own timeout; None is the watchdog's."""
@@ -511,6 +514,18 @@ class ExecutorClient:
     def _check_open(self) -> None:
         if self.closed or self._session.closed:
             raise SandboxClosed(f"sandbox {self._sandbox_id} is closed", sandbox_id=self._sandbox_id)
+        if self._ended is not None:
+            raise self._ended()
+
+    def ended(self, error: Callable[[], OrchardError]) -> None:
+        """The backend saw the sandbox end: fail the requests in flight with ``error()`` at once, and every later one.
+
+        Without it a request waits for its own deadline: a pod that vanished with its
+        address takes no connection and refuses none, so a connect waits its whole timeout.
+        """
+        if self._ended is None:
+            self._ended = error
+            self._fail_all(error)
 
     def close(self, why: str) -> None:
         """Refuse new requests and fail those in flight with ``SandboxClosed`` at once."""
@@ -576,7 +591,7 @@ class ExecutorClient:
         return SandboxTimeout(
             f"sandbox {self._sandbox_id}: the executor at {self._base} stopped answering: a request waited "
             f"{self._liveness_timeout:g}s and /healthz then got no answer within liveness_timeout="
-            f"{self._liveness_timeout:g}s (a Client option); it is frozen or overloaded",
+            f"{self._liveness_timeout:g}s (a Client option); it is frozen, overloaded or cut off by the network",
             sandbox_id=self._sandbox_id,
         )
 

@@ -91,6 +91,13 @@ class SandboxLost(OrchardError, ConnectionError):
         self.reason = reason
 
 
+class ClusterUnavailable(OrchardError, ConnectionError):
+    """The cluster's API server did not answer (restarting, its etcd down, unreachable), retried for a while.
+
+    Sandboxes already running are not affected: their executors are reached directly.
+    """
+
+
 class SandboxClosed(OrchardError, RuntimeError):
     """The sandbox (or its client) was already closed."""
 

@@ -22,13 +22,21 @@ from typing import Any
 
 import aiohttp
 import msgspec
-from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_random_exponential
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_random_exponential
 
 from .. import _retry
 from .._handle import HandleFields
 from .._spec import SandboxSpec
 from .._tls import Identity, pin
-from ..errors import ConfigError, InvalidHandle, OrchardError, SandboxLost, SandboxStartError, SandboxTimeout
+from ..errors import (
+    ClusterUnavailable,
+    ConfigError,
+    InvalidHandle,
+    OrchardError,
+    SandboxLost,
+    SandboxStartError,
+    SandboxTimeout,
+)
 from . import KubernetesConfig, bundle
 from .k8s_pod import (
     IMAGE_ANNOTATION,
@@ -85,11 +93,16 @@ def _transient(exc: BaseException) -> bool:
     return isinstance(exc, aiohttp.ClientConnectionError | asyncio.TimeoutError)
 
 
+#: Seconds an API call is retried while the API server does not answer: long enough to ride out its
+#: restart (an upgrade, etcd failing over), short enough that a start fails typed well within its timeout.
+API_RETRY_SECONDS = 30.0
+
+
 def _api_retry() -> AsyncRetrying:
     return AsyncRetrying(
         retry=retry_if_exception(_transient),
         wait=wait_random_exponential(multiplier=0.1, max=5.0),
-        stop=stop_after_attempt(6),
+        stop=stop_after_delay(API_RETRY_SECONDS),
         reraise=True,
     )
 
@@ -121,6 +134,8 @@ class _Tracked:
         self.uid: str | None = None
         #: The uid of an earlier pod of this name, deleted, whose last events the watch may still bring.
         self.stale_uid: str | None = None
+        #: Whether the watch or a list has shown the pod: missing from a later list, it was deleted.
+        self.seen = False
 
     def mark(self, phase: str) -> None:
         self.timings.setdefault(phase, time.monotonic() - self.t0)
@@ -185,11 +200,26 @@ class KubernetesInstance:
                 )
             return None
         with contextlib.suppress(TimeoutError):
-            phase = await asyncio.wait_for(asyncio.shield(self._tracked.failed), 3.0)
-            return SandboxLost(
-                f"sandbox {self.name}: {phase.reason}: {phase.message}", sandbox_id=self.name, reason=phase.reason
-            )
+            return self._lost(await asyncio.wait_for(asyncio.shield(self._tracked.failed), 3.0))
         return None
+
+    def _lost(self, phase: Phase) -> SandboxLost:
+        return SandboxLost(
+            f"sandbox {self.name}: {phase.reason}: {phase.message}", sandbox_id=self.name, reason=phase.reason
+        )
+
+    def on_end(self, callback: Callable[[Callable[[], OrchardError]], None]) -> None:
+        """Have ``callback`` called once the watch sees the pod end, with a maker of the error saying why.
+
+        Never for an attached pod: this client's watch does not see it.
+        """
+
+        def done(failed: asyncio.Future[Phase]) -> None:
+            if not failed.cancelled():
+                callback(lambda: self._lost(failed.result()))
+
+        if not self._attached:
+            self._tracked.failed.add_done_callback(done)
 
     async def delete(self) -> None:
         """Delete the pod (grace period 0); safe to call twice."""
@@ -199,7 +229,14 @@ class KubernetesInstance:
         if self._forward is not None:
             await self._forward.close()
         if self._owned:
-            await self._backend.delete_pod(self.name)
+            try:
+                await self._backend.delete_pod(self.name)
+            except ClusterUnavailable as exc:
+                # Not lost: the pod belongs to the session's Lease, whose deletion (the client's close) or
+                # expiry (`orchard gc`) removes it, and its executor's idle_timeout ends it meanwhile.
+                log.warning(
+                    "sandbox %s: its pod could not be deleted now (%s); its session's Lease will", self.name, exc
+                )
 
 
 class KubernetesBackend:
@@ -345,20 +382,28 @@ class KubernetesBackend:
         """One API call, retried when transient; the raw response, or ApiException for a non-2xx status."""
         from kubernetes_asyncio.client.exceptions import ApiException
 
-        async for attempt in _api_retry():
-            with attempt:
-                self.api_requests[verb] += 1
-                resp = await fn(*args, _preload_content=False, **kwargs)
-                # Without preloading, the library returns error responses as they are: a refused
-                # create (403 from admission, 422) would pass for a success and the start would
-                # wait out its whole timeout for a pod that does not exist.
-                if not 200 <= resp.status <= 299:
-                    async with resp:
-                        exc = ApiException(status=resp.status, reason=resp.reason)
-                        exc.body = (await resp.read()).decode(errors="replace")
-                        exc.headers = resp.headers
-                    raise exc
-                return resp
+        try:
+            async for attempt in _api_retry():
+                with attempt:
+                    self.api_requests[verb] += 1
+                    resp = await fn(*args, _preload_content=False, **kwargs)
+                    # Without preloading, the library returns error responses as they are: a refused
+                    # create (403 from admission, 422) would pass for a success and the start would
+                    # wait out its whole timeout for a pod that does not exist.
+                    if not 200 <= resp.status <= 299:
+                        async with resp:
+                            exc = ApiException(status=resp.status, reason=resp.reason)
+                            exc.body = (await resp.read()).decode(errors="replace")
+                            exc.headers = resp.headers
+                        raise exc
+                    return resp
+        except Exception as exc:
+            if not _transient(exc):
+                raise
+            why = f"HTTP {exc.status}: {_status_message(exc.body)}" if isinstance(exc, ApiException) else repr(exc)
+            raise ClusterUnavailable(
+                f"the Kubernetes API server did not answer ({verb}) for {API_RETRY_SECONDS:g}s of retries: {why}"
+            ) from exc
         raise AssertionError("unreachable")
 
     async def _watch(self) -> None:
@@ -375,8 +420,7 @@ class KubernetesBackend:
                     )
                     listing = _POD_LIST.decode(await resp.read())
                     resource_version = listing.metadata.resource_version
-                    for pod in listing.items:
-                        self._observe(pod)
+                    self._relisted(listing.items)
                 resp = await self._call(
                     "watch",
                     self._core.list_namespaced_pod,
@@ -393,6 +437,7 @@ class KubernetesBackend:
                         event = _EVENT.decode(line)
                         if event.type == "ERROR":
                             # Usually 410 Gone: our resource version is too old. List again.
+                            log.info("pod watch from resource version %s refused; listing again", resource_version)
                             resource_version = None
                             break
                         pod = _POD.decode(event.object)
@@ -407,6 +452,10 @@ class KubernetesBackend:
                 failures += 1
                 if failures == 1:
                     log.warning("pod watch interrupted (%r); reconnecting", exc)
+                if getattr(exc, "status", None) == 410:
+                    # The resource version is older than the API server keeps (it restarted, or etcd
+                    # compacted): watching from it again would be refused forever. List again.
+                    resource_version = None
                 await asyncio.sleep(min(5.0, 0.2 * 2**failures))
             else:
                 failures = 0
@@ -414,7 +463,18 @@ class KubernetesBackend:
     def _observe(self, pod: Pod) -> None:
         tracked = self._tracked.get(pod.metadata.name)
         if tracked is not None and pod.metadata.uid != tracked.stale_uid:
+            tracked.seen = True
             tracked.update(classify(pod))
+
+    def _relisted(self, pods: list[Pod]) -> None:
+        """A fresh list after the watch broke: also a pod seen before and missing now was deleted meanwhile."""
+        for pod in pods:
+            self._observe(pod)
+        listed = {pod.metadata.name for pod in pods}
+        for name, tracked in self._tracked.items():
+            if tracked.seen and name not in listed:
+                log.info("pod %s is gone from a new list: deleted while the watch reconnected", name)
+                tracked.update(Phase("failed", "Deleted", "the pod was deleted while the watch was reconnecting"))
 
     def _gone(self, pod: Pod) -> None:
         tracked = self._tracked.get(pod.metadata.name)

@@ -16,6 +16,7 @@ from .._backends import LocalConfig
 from .._spec import make_spec
 from ..errors import (
     BrowserCrashed,
+    ClusterUnavailable,
     ConfigError,
     NoDisplay,
     OrchardError,
@@ -47,6 +48,8 @@ INFRA_ERRORS: tuple[type[OrchardError], ...] = (
     SandboxTimeout,
     SandboxLost,
     SandboxClosed,
+    # The cluster's API server did not answer for a while (restarting, etcd down).
+    ClusterUnavailable,
     # GUI environments: the browser or the X server in the sandbox died.
     BrowserCrashed,
     NoDisplay,
