@@ -355,3 +355,30 @@ async def test_tools_on_a_backend_that_cannot_mount_them_is_a_config_error(
         await local_client.create(tools=["codex"])
     assert not local_client._live
     assert not local_root.exists() or not any(local_root.iterdir())
+
+
+async def test_a_cancel_during_the_close_waits_for_it(local_client: orchard.Client, local_root: Path) -> None:
+    """``Client.sandbox``: a task cancelled while its sandbox closes returns only once the sandbox is gone."""
+    closing, gate = asyncio.Event(), asyncio.Event()
+    finished: list[bool] = []
+
+    async def use() -> None:
+        async with local_client.sandbox() as sb:
+            close = sb.aclose
+
+            async def gated_close() -> None:
+                closing.set()
+                await gate.wait()
+                await close()
+                finished.append(True)
+
+            sb.aclose = gated_close  # type: ignore[method-assign]
+
+    task = asyncio.create_task(use())
+    await closing.wait()
+    task.cancel()
+    gate.set()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert finished == [True]
+    assert executors_under(local_root) == []

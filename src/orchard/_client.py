@@ -52,8 +52,10 @@ class Client:
             instead the executor is watched: after this many seconds of
             silence while a call waits, the client probes its ``/healthz`` on
             another connection, and if no answer comes within this many
-            seconds the waiting calls raise ``SandboxTimeout``. A frozen
-            executor is so detected within twice this. Default 20.
+            seconds the waiting calls raise ``SandboxTimeout``. A frozen or
+            unreachable executor is so detected within twice this (on
+            kubernetes, plus up to 3 s waiting for the pod's watch to say
+            why). Default 20.
         http_session: an aiohttp session to use instead of the Client's own
             (the caller then closes it).
         warm: warm pools, ``{image: size}`` or ``{image: {"size": n,
@@ -289,7 +291,7 @@ class Client:
 
     def _rpc(self, instance: Instance, fields: _handle.HandleFields, http: aiohttp.ClientSession) -> ExecutorClient:
         """The client of a sandbox's executor, as its handle's fields say to reach it."""
-        return ExecutorClient(
+        rpc = ExecutorClient(
             # A backend may give a sandbox its own session (the local backend's unix sockets).
             getattr(instance, "http", None) or http,
             instance.base_url,
@@ -300,6 +302,11 @@ class Client:
             read_timeout=self._read_timeout,
             liveness_timeout=self._liveness_timeout,
         )
+        # A backend that watches its sandboxes (kubernetes) fails their requests as soon as it sees one end.
+        on_end = getattr(instance, "on_end", None)
+        if on_end is not None:
+            on_end(rpc.ended)
+        return rpc
 
     def _adopt(
         self,
@@ -405,7 +412,17 @@ class Client:
         try:
             yield sb
         finally:
-            await asyncio.shield(sb.aclose())
+            # A cancel that comes while the sandbox closes waits for the close: none outlives its block.
+            closing = asyncio.ensure_future(sb.aclose())
+            cancelled: asyncio.CancelledError | None = None
+            while not closing.done():
+                try:
+                    await asyncio.shield(closing)
+                except asyncio.CancelledError as exc:
+                    cancelled = exc
+            if cancelled is not None:
+                raise cancelled
+            closing.result()
 
     async def aclose(self) -> None:
         """Delete every sandbox still open, then release the pool and backend.

@@ -980,7 +980,9 @@ class LocalBackend:
     ) -> None:
         """Connect to the executor once ``started`` (its port) is done; if it is not, delete the sandbox."""
         try:
-            port = await asyncio.wait_for(started, timeout)
+            # Not asyncio.wait_for: on Python 3.11 it drops a cancel that comes in the step its awaitable ends.
+            async with asyncio.timeout(timeout):
+                port = await started
             if self._bwrap:
                 instance.connect(os.path.join(instance.dir, "run", _SOCKET))
             else:
