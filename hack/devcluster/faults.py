@@ -314,8 +314,12 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("partition", help="cut the host from the pods for a time")
     p.add_argument("seconds", type=float)
     p.add_argument("--reset", action="store_true", help="also abort the open connections (a middlebox lost them)")
-    for name in ("kill-executor", "delete", "evict"):
-        p = sub.add_parser(name, help=f"{name} one pod")
+    for name, what in (
+        ("kill-executor", "SIGKILL a pod's executor"),
+        ("delete", "delete a pod (grace 0)"),
+        ("evict", "evict a pod"),
+    ):
+        p = sub.add_parser(name, help=what)
         p.add_argument("namespace")
         p.add_argument("pod")
     sub.add_parser("drain", help="cordon, evict, uncordon after a time").add_argument("seconds", type=float)
