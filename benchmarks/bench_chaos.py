@@ -35,6 +35,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import contextvars
 import hashlib
 import json
 import math
@@ -44,10 +46,11 @@ import re
 import secrets
 import signal
 import sys
+import tempfile
 import time
 import traceback
 from collections import Counter, defaultdict
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,7 +58,9 @@ from typing import Any
 from _stats import pct
 
 import orchard
+import orchard.rollout
 from orchard.errors import OrchardError, PathNotFound, SandboxClosed, SandboxLost
+from orchard.tasks import Reward, Task
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "hack/devcluster"))
@@ -82,6 +87,52 @@ async def main():
 asyncio.run(main())
 """
 KILLED_LEASE_S = 5
+
+
+Fire = Callable[[], Awaitable[Any]]
+#: The faults of the first phase, in order (then a client SIGKILLed), and the shorter schedule of the rollout phase.
+FULL_SCHEDULE = (
+    "kube-apiserver restart",
+    "etcd restart",
+    "kubelet restart",
+    "containerd restart",
+    "partition 10 s",
+    "kill executor",
+    "delete pod",
+    "evict pod",
+    "drain 5 s",
+    "reclaim node",
+)
+ROLLOUT_SCHEDULE = (
+    "kube-apiserver restart",
+    "etcd restart",
+    "partition 10 s",
+    "kill executor",
+    "delete pod",
+    "drain 5 s",
+    "reclaim node",
+)
+
+
+def fault_schedule(
+    quick: bool, one_pod: Callable[[Callable[[str, str], None]], Awaitable[str]], names: tuple[str, ...]
+) -> list[tuple[str, Fire]]:
+    """The named faults of the dev cluster's harness; ``one_pod(fire)`` fires at the pod of one sandbox at work."""
+    down = 3.0 if quick else 5.0
+    node = faults.dc.NODE_NAME
+    every: dict[str, Fire] = {
+        "kube-apiserver restart": lambda: asyncio.to_thread(faults.restart, "kube-apiserver", down=down),
+        "etcd restart": lambda: asyncio.to_thread(faults.restart, "etcd", down=down),
+        "kubelet restart": lambda: asyncio.to_thread(faults.restart, "kubelet"),
+        "containerd restart": lambda: asyncio.to_thread(faults.restart, "containerd"),
+        "partition 10 s": lambda: asyncio.to_thread(faults.partition, 10.0),
+        "kill executor": lambda: one_pod(faults.kill_executor),
+        "delete pod": lambda: one_pod(faults.delete),
+        "evict pod": lambda: one_pod(faults.evict),
+        "drain 5 s": lambda: asyncio.to_thread(faults.drain, 5.0),
+        "reclaim node": lambda: asyncio.to_thread(faults.reclaim, node),
+    }
+    return [(name, every[name]) for name in names]
 
 
 @dataclass
@@ -324,21 +375,9 @@ class Chaos:
 
     # -- The schedule --
 
-    def faults(self) -> list[tuple[str, Callable[[], Awaitable[Any]]]]:
-        q = self.args.quick
-        down = 3.0 if q else 5.0
-        node = faults.dc.NODE_NAME
-        every: list[tuple[str, Callable[[], Awaitable[Any]]]] = [
-            ("kube-apiserver restart", lambda: asyncio.to_thread(faults.restart, "kube-apiserver", down=down)),
-            ("etcd restart", lambda: asyncio.to_thread(faults.restart, "etcd", down=down)),
-            ("kubelet restart", lambda: asyncio.to_thread(faults.restart, "kubelet")),
-            ("containerd restart", lambda: asyncio.to_thread(faults.restart, "containerd")),
-            ("partition 10 s", lambda: asyncio.to_thread(faults.partition, 10.0)),
-            ("kill executor", lambda: self.one_pod(faults.kill_executor)),
-            ("delete pod", lambda: self.one_pod(faults.delete)),
-            ("evict pod", lambda: self.one_pod(faults.evict)),
-            ("drain 5 s", lambda: asyncio.to_thread(faults.drain, 5.0)),
-            ("reclaim node", lambda: asyncio.to_thread(faults.reclaim, node)),
+    def faults(self) -> list[tuple[str, Fire]]:
+        every = [
+            *fault_schedule(self.args.quick, self.one_pod, FULL_SCHEDULE),
             ("SIGKILL a client", self.sigkill_client),
         ]
         if self.args.faults:
@@ -537,7 +576,362 @@ def table(r: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
-async def main(args: argparse.Namespace) -> dict[str, Any]:
+# -- The rollout phase --
+
+#: Attempts in flight at once in the rollout phase.
+ROLLOUT_CONCURRENCY = 8
+#: The toy agent's steps: each an exec that appends to a log and sleeps, so an attempt is at work a few seconds.
+AGENT_STEPS, AGENT_STEP_S = 4, 0.5
+#: The runner's ``timeout`` for the agent and the reward: past it the attempt is an agent (reward) error.
+ATTEMPT_TIMEOUT_S = 120.0
+
+
+#: Set while a reward runs: its sandbox's start is told apart from the agent's.
+grading: contextvars.ContextVar[bool] = contextvars.ContextVar("grading", default=False)
+
+
+def answer_of(task_id: str) -> str:
+    """The token the agent of a task writes and its reward checks."""
+    return hashlib.sha256(task_id.encode()).hexdigest()[:16]
+
+
+class Rollout:
+    """``orchard.rollout.run`` over toy tasks at a fixed concurrency while a shorter schedule of faults fires.
+
+    Each task's agent execs a few commands in its busybox sandbox (one made ready by the task's setup command),
+    writes its answer to a file and reads it back; the reward writes the answer in a sandbox of its own and
+    checks it there. Every try that fails (a sandbox that did not start, an agent's or a reward's call) is
+    recorded with its time, so each fault's window shows what it cost.
+    """
+
+    def __init__(self, args: argparse.Namespace, client: orchard.Client, namespace: str) -> None:
+        self.args = args
+        self.client = client
+        self.namespace = namespace
+        self.t0 = time.time()
+        self.windows = [Window("baseline", 0.0)]
+        #: Sandboxes whose agent runs now: a fault at "one pod" picks one of them.
+        self.at_work: dict[str, orchard.Sandbox] = {}
+        #: (start, end) of every agent that did all its work.
+        self.agents_done: list[tuple[float, float]] = []
+        #: Every failed try: when, in which phase, the error.
+        self.failed: list[dict[str, Any]] = []
+        self.hung = False
+        self.run_error: str | None = None
+        self.records: list[dict[str, Any]] = []
+        self.watch_starts()
+
+    def now(self) -> float:
+        return time.time() - self.t0
+
+    def fail(self, phase: str, exc: BaseException, sandbox: str | None = None) -> None:
+        if getattr(exc, "_chaos_recorded", False):
+            return  # the reward's sandbox that did not start: recorded as such already
+        exc._chaos_recorded = True  # type: ignore[attr-defined]
+        at = self.now()
+        failure = {
+            "at_s": at,
+            "phase": phase,
+            "error": type(exc).__name__,
+            "reason": reason_of(exc),
+            "sandbox": sandbox,
+        }
+        if isinstance(exc, asyncio.CancelledError) and not self.hung:
+            failure["traceback"] = "".join(traceback.format_exception(exc))[-3000:]
+            print(f"!! {phase} of {sandbox} cancelled at {at:.1f}s:\n{failure['traceback']}", flush=True)
+        self.failed.append(failure)
+
+    def check_cancelling(self, phase: str, sandbox: str | None) -> None:
+        """Record a cancellation left pending on the attempt's task by the library (none of ours is): a finding.
+
+        The runner stops an attempt whose task is cancelling before each try and before the reward, and an
+        attempt stopped that way leaves no record.
+        """
+        task = asyncio.current_task()
+        if task is not None and task.cancelling() and not self.hung:
+            self.failed.append(
+                {"at_s": self.now(), "phase": phase, "error": "left cancelling", "reason": "", "sandbox": sandbox}
+            )
+            print(f"!! {phase} of {sandbox} left its task cancelling at {self.now():.1f}s", flush=True)
+
+    def watch_starts(self) -> None:
+        """Record the sandboxes that fail to start (the agent's, after its setup, and the reward's)."""
+        sandbox = self.client.sandbox
+
+        @contextlib.asynccontextmanager
+        async def watched(*args: Any, **kwargs: Any) -> AsyncIterator[orchard.Sandbox]:
+            entered = False
+            try:
+                async with sandbox(*args, **kwargs) as sb:
+                    entered = True
+                    self.check_cancelling("start", sb.id)
+                    yield sb
+            except BaseException as exc:
+                if not entered:
+                    self.fail("reward start" if grading.get() else "start", exc)
+                    self.check_cancelling("start", None)
+                raise
+            finally:
+                if entered:
+                    self.check_cancelling("close", None)
+
+        self.client.sandbox = watched  # type: ignore[method-assign]
+
+    async def agent(self, sb: orchard.Sandbox, task: Task, *, attempt: int) -> str:
+        start = self.now()
+        self.at_work[sb.id] = sb
+        try:
+            for step in range(AGENT_STEPS):
+                await sb.exec(f"echo step {step} >> /tmp/work/log && sleep {AGENT_STEP_S}")
+            await sb.write_file("/tmp/work/answer", answer_of(task.id).encode())
+            answer = (await sb.exec("cat /tmp/work/answer")).stdout
+        except BaseException as exc:  # a CancelledError too: an attempt cancelled under the runner is a finding
+            self.fail("agent", exc, sb.id)
+            raise
+        finally:
+            self.at_work.pop(sb.id, None)
+            self.check_cancelling("agent", sb.id)
+        self.agents_done.append((start, self.now()))
+        return answer
+
+    async def reward(self, client: orchard.Client, task: Task, answer: Any) -> Reward:
+        graded = grading.set(True)
+        try:
+            async with client.sandbox(IMAGE) as sb:
+                await sb.write_file("/tmp/answer", str(answer).encode())
+                check = await sb.exec(f'test "$(cat /tmp/answer)" = {answer_of(task.id)}')
+        except BaseException as exc:
+            self.fail("reward", exc)
+            raise
+        finally:
+            self.check_cancelling("reward", None)
+            grading.reset(graded)
+        solved = check.exit_code == 0
+        return Reward(value=float(solved), solved=solved, reason=None if solved else f"answer {answer!r}")
+
+    async def run(self, tasks: list[Task]) -> None:
+        """The rollout under its outer deadline (past it: hung); its records, read back from its ``out``."""
+        with tempfile.TemporaryDirectory() as out:
+            deadline = asyncio.timeout(self.args.rollout_deadline)
+            try:
+                async with deadline:
+                    await orchard.rollout.run(
+                        self.client,
+                        tasks,
+                        agent=self.agent,
+                        reward=self.reward,
+                        concurrency=ROLLOUT_CONCURRENCY,
+                        out=out,
+                        timeout=ATTEMPT_TIMEOUT_S,
+                        sandbox={"trace": None},
+                        progress=False,
+                    )
+            except Exception as exc:
+                if deadline.expired():
+                    self.hung = True
+                    print(f"!! HUNG: the rollout did not end within {self.args.rollout_deadline:g}s", flush=True)
+                else:
+                    self.run_error = "".join(traceback.format_exception(exc))
+                    print(f"!! the rollout raised:\n{self.run_error}", flush=True)
+            try:
+                self.records = orchard.rollout.Results.load(out).records
+            except OrchardError as exc:  # not one record written
+                print(f"!! no records: {exc}", flush=True)
+        print(f"-- {self.now():6.1f}s rollout ended: {len(self.records)} records", flush=True)
+
+    async def one_pod(self, fire: Callable[[str, str], None]) -> str:
+        """Fire at the pod of one sandbox whose agent runs now (waiting a little for one)."""
+        for _ in range(100):
+            if self.at_work:
+                break
+            await asyncio.sleep(0.1)
+        sid = random.choice(list(self.at_work))
+        await asyncio.to_thread(fire, self.namespace, sid)
+        return sid
+
+    async def back_at_work(self, since: float, timeout: float) -> float | None:
+        """Seconds from ``since`` until an agent that started after it did all its work; None if none in time."""
+        t_end = self.now() + timeout
+        while self.now() < t_end:
+            done = [end for start, end in self.agents_done if start >= since]
+            if done:
+                return min(done) - since
+            await asyncio.sleep(0.5)
+        return None
+
+    async def schedule(self, run: asyncio.Task[None]) -> None:
+        after, before = (6.0, 3.0) if self.args.quick else (8.0, 4.0)
+        for _ in range(240):  # until a round of attempts has done its work (bounded)
+            if len(self.agents_done) >= ROLLOUT_CONCURRENCY or run.done():
+                break
+            await asyncio.sleep(0.5)
+        await asyncio.sleep(2 * before)
+        for name, fire in fault_schedule(self.args.quick, self.one_pod, ROLLOUT_SCHEDULE):
+            if run.done():
+                print(f"!! the rollout ended before {name}: raise --tasks", flush=True)
+                self.windows[-1].fault.setdefault("not fired", []).append(name)
+                continue
+            t = self.now()
+            self.windows[-1].end = t
+            window = Window(name, t)
+            self.windows.append(window)
+            print(f"-- {t:6.1f}s fault: {name} ({len(self.at_work)} agents at work)", flush=True)
+            try:
+                window.fault["result"] = await fire()
+            except Exception as exc:
+                window.fault["error"] = repr(exc)
+                print(f"!! firing {name} failed: {exc!r}", flush=True)
+            window.fault["fault_s"] = round(self.now() - t, 1)
+            await asyncio.sleep(after)
+            back = await self.back_at_work(t + window.fault["fault_s"], 60.0)
+            window.fault["back_at_work_s"] = None if back is None else round(back + window.fault["fault_s"], 1)
+            await asyncio.sleep(before)
+        self.windows[-1].end = self.now()
+        self.windows.append(Window("after the faults", self.now()))
+
+
+def attempt_end(r: dict[str, Any]) -> str:
+    """How an attempt ended: ok at the first try, ok after retries, or its kind."""
+    if r["kind"] == "ok":
+        return "ok" if r["tries"] == 1 else "ok after retries"
+    return str(r["kind"])
+
+
+def error_type(r: dict[str, Any]) -> str:
+    """An agent or reward error's type (the record's error is ``Type: message``)."""
+    return (r.get("error") or "?").split(":", 1)[0]
+
+
+def rollout_figures(ro: Rollout, tasks: list[Task], left: dict[str, str], waited: float) -> dict[str, Any]:
+    records = ro.records
+    ends = Counter(attempt_end(r) for r in records)
+    retried = [r for r in records if r["tries"] > 1]
+    windows = []
+    for w in ro.windows:
+        start, end = ro.t0 + w.start, ro.t0 + w.end
+        fired = start if w.name not in ("baseline", "after the faults") else None
+        failed = [f for f in ro.failed if w.start <= f["at_s"] < w.end]
+        in_flight = [r for r in records if fired is not None and r["started_at"] <= fired < r["ended_at"]]
+        windows.append(
+            {
+                "window": w.name,
+                "start_s": round(w.start, 1),
+                "end_s": round(w.end, 1) if w.end != float("inf") else None,
+                "fault": w.fault,
+                "attempts_in_flight": len(in_flight) if fired is not None else None,
+                "in_flight_ended": dict(Counter(attempt_end(r) for r in in_flight)),
+                "attempts_ended": dict(Counter(attempt_end(r) for r in records if start <= r["ended_at"] < end)),
+                "tries_failed": len(failed),
+                "tries_failed_by_type": dict(
+                    Counter(f"{f['phase']}: {f['error']}" + (f"({f['reason']})" if f["reason"] else "") for f in failed)
+                ),
+            }
+        )
+    return {
+        "tasks": len(tasks),
+        "concurrency": ROLLOUT_CONCURRENCY,
+        "retries": 2,
+        "agent_steps": AGENT_STEPS,
+        "attempt_timeout_s": ATTEMPT_TIMEOUT_S,
+        "outer_deadline_s": ro.args.rollout_deadline,
+        "wall_s": round(max((r["ended_at"] for r in records), default=ro.t0) - ro.t0, 1),
+        "windows": windows,
+        "totals": {
+            "records": len(records),
+            "no_record": len(tasks) - len(records),
+            "no_record_tasks": sorted({t.id for t in tasks} - {r["task"] for r in records}),
+            "cancelled_under_the_runner": [f for f in ro.failed if f["error"] in ("CancelledError", "left cancelling")],
+            "ok_first_try": ends["ok"],
+            "ok_after_retries": ends["ok after retries"],
+            "tries_of_ok_after_retries": dict(Counter(r["tries"] for r in retried if r["kind"] == "ok")),
+            "infra_error": ends["infra_error"],
+            "infra_error_types": dict(
+                Counter(
+                    f"{r['infra'][-1]['error']}({r['infra'][-1]['reason']})"
+                    for r in records
+                    if r["kind"] == "infra_error"
+                )
+            ),
+            "agent_error": ends["agent_error"],
+            "agent_error_types": dict(Counter(error_type(r) for r in records if r["kind"] == "agent_error")),
+            "reward_error": ends["reward_error"],
+            "reward_error_types": dict(Counter(error_type(r) for r in records if r["kind"] == "reward_error")),
+            "unsolved": sum(1 for r in records if r["kind"] == "ok" and not r["solved"]),
+            "tries_failed": len(ro.failed),
+            "tries_failed_by_phase": dict(Counter(f["phase"] for f in ro.failed)),
+            "hung": ro.hung,
+            "run_error": ro.run_error,
+            "pods_left_over": len(left),
+            "pods_left_over_names": sorted(left),
+            "pods_gone_after_close_s": round(waited, 1),
+        },
+        "findings": [
+            {k: r.get(k) for k in ("task", "kind", "tries", "error", "infra", "traceback", "sandbox_id")}
+            for r in records
+            if r["kind"] != "ok" or not r["solved"]
+        ],
+    }
+
+
+async def rollout_phase(args: argparse.Namespace) -> dict[str, Any]:
+    """The rollout runner under a shorter schedule of faults; every task accounted for, then the pods left."""
+    namespace = args.namespace + "-rollout"
+    await namespaces(args.kubeconfig, [namespace], create=True)
+    config = orchard.KubernetesConfig(namespace=namespace, kubeconfig=args.kubeconfig)
+    client = orchard.Client(config, read_timeout=args.read_timeout, liveness_timeout=args.liveness_timeout)
+    tasks = [
+        Task(
+            id=f"chaos-{i:03d}",
+            image=IMAGE,
+            instruction="write the task's token to /tmp/work/answer",
+            setup=("mkdir -p /tmp/work",),
+        )
+        for i in range(args.tasks)
+    ]
+    ro = Rollout(args, client, namespace)
+    print(f"-- rollout: {len(tasks)} tasks at concurrency {ROLLOUT_CONCURRENCY}", flush=True)
+    try:
+        async with client:
+            run = asyncio.create_task(ro.run(tasks))
+            try:
+                await ro.schedule(run)
+            finally:
+                await run  # bounded by its outer deadline
+    finally:
+        await asyncio.to_thread(faults.heal)
+    left, waited = await until_no_pods(args.kubeconfig, namespace, 60.0)
+    ro.windows[-1].end = float("inf")
+    if not left:
+        await namespaces(args.kubeconfig, [namespace], create=False)
+    return rollout_figures(ro, tasks, left, waited)
+
+
+def rollout_table(r: dict[str, Any]) -> str:
+    rows = [f"{'window':<24} {'fault s':>7} {'in flight':>9} {'back s':>6}  {'ended':<40} tries failed"]
+    for x in r["windows"]:
+        f = x["fault"]
+        ended = ", ".join(f"{k} {v}" for k, v in x["attempts_ended"].items())
+        failed = ", ".join(f"{k} x{v}" for k, v in x["tries_failed_by_type"].items())
+        flight = "-" if x["attempts_in_flight"] is None else str(x["attempts_in_flight"])
+        rows.append(
+            f"{x['window']:<24} {seconds(f.get('fault_s')):>7} {flight:>9} {seconds(f.get('back_at_work_s')):>6}  "
+            f"{ended:<40} {failed}"
+        )
+        if "error" in f:
+            rows.append(f"   firing failed: {f['error']}")
+    t = r["totals"]
+    rows += [
+        "",
+        f"rollout: {r['tasks']} tasks, {t['records']} records ({t['no_record']} without), {r['wall_s']}s; "
+        f"ok {t['ok_first_try']} at the first try, {t['ok_after_retries']} after retries; "
+        f"infra_error {t['infra_error']} {t['infra_error_types']}; agent_error {t['agent_error']} "
+        f"{t['agent_error_types']}; reward_error {t['reward_error']} {t['reward_error_types']}; "
+        f"unsolved {t['unsolved']}; hung {t['hung']}; pods left {t['pods_left_over']}",
+    ]
+    return "\n".join(rows)
+
+
+async def workers_phase(args: argparse.Namespace) -> dict[str, Any]:
     load_before = os.getloadavg()
     await namespaces(args.kubeconfig, [args.namespace, args.namespace + "-killed"], create=True)
     config = orchard.KubernetesConfig(namespace=args.namespace, kubeconfig=args.kubeconfig)
@@ -616,6 +1010,15 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
+async def main(args: argparse.Namespace) -> dict[str, Any]:
+    result: dict[str, Any] = {} if args.rollout_only else await workers_phase(args)
+    if not args.no_rollout:
+        load_before = os.getloadavg()
+        result["rollout"] = await rollout_phase(args)
+        result["rollout"]["machine"] = {"load_before": load_before, "load_after": os.getloadavg()}
+    return result
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-n", type=int, default=None, help="sandboxes at work at once (default 12, --quick 4)")
@@ -632,16 +1035,27 @@ if __name__ == "__main__":
         help="mean seconds a sandbox is used before it is replaced (30; quick 15)",
     )
     parser.add_argument("--faults", default="", help="only the faults whose names contain these (comma-separated)")
+    parser.add_argument("--no-rollout", action="store_true", help="skip the rollout phase")
+    parser.add_argument("--rollout-only", action="store_true", help="only the rollout phase")
+    parser.add_argument("--tasks", type=int, default=None, help="tasks of the rollout phase (default 260, quick 120)")
+    parser.add_argument(
+        "--rollout-deadline", type=float, default=None, help="the rollout past this is HUNG (600 s; quick 300)"
+    )
     parser.add_argument("--seed", type=int, default=17)
     parser.add_argument("--json", default=None)
     parser.add_argument("--calls", default=None, help="also write every call here, one JSON object a line")
     args = parser.parse_args()
     args.n = args.n or (4 if args.quick else 12)
     args.lifetime = args.lifetime or (15.0 if args.quick else 30.0)
+    args.tasks = args.tasks or (120 if args.quick else 260)
+    args.rollout_deadline = args.rollout_deadline or (300.0 if args.quick else 600.0)
     if os.geteuid() != 0:
         raise SystemExit("bench_chaos.py fires faults at the dev cluster: run it as root")
     random.seed(args.seed)
     out = asyncio.run(main(args))
-    print(table(out))
+    if "windows" in out:
+        print(table(out))
+    if "rollout" in out:
+        print(rollout_table(out["rollout"]))
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2) + "\n")

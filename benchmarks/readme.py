@@ -349,7 +349,49 @@ def chaos(r: dict[str, Any]) -> str:
             f"deleted {len(killed['pods_collected'])} once its {killed['lease_s']} s Lease had expired; "
             f"{len(killed['pods_left_over'])} left."
         )
+    if "rollout" in r:
+        rows += ["", *_chaos_rollout(r["rollout"])]
     return "\n".join(rows)
+
+
+def _chaos_rollout(r: dict[str, Any]) -> list[str]:
+    """bench_chaos.py's rollout phase: what each fault cost the attempts, then every task accounted for."""
+    t = r["totals"]
+    rows = [
+        f"The rollout runner under faults: `orchard.rollout.run` over {r['tasks']} toy tasks at `concurrency="
+        f"{r['concurrency']}` (default `retries={r['retries']}`), each attempt a busybox sandbox made ready by a setup "
+        f"command, an agent that runs {r['agent_steps']} short commands, writes its answer to a file and reads it "
+        "back, and a reward that checks the answer in a sandbox of its own; the whole run under an outer "
+        f"{r['outer_deadline_s']:g} s deadline (past it: hung). Failed tries: sandboxes that did not start (the "
+        "agent's or the reward's) and calls of the agent or the reward that raised; back at work: seconds from the "
+        "fault until an agent that started after it did all its work.",
+        "",
+        "| fault | fault s | attempts in flight | attempts ended: ok / ok after retries / infra_error | failed tries "
+        "| back at work s |",
+        "| --- | ---: | ---: | ---: | --- | ---: |",
+    ]
+    for x in r["windows"]:
+        if x["window"] in ("baseline", "after the faults"):
+            continue
+        f, ended = x["fault"], x["attempts_ended"]
+        failed = ", ".join(f"{k} x{v}" for k, v in x["tries_failed_by_type"].items()) or "none"
+        rows.append(
+            f"| {x['window']} | {_s(f.get('fault_s'))} | {x['attempts_in_flight']} | {ended.get('ok', 0)} / "
+            f"{ended.get('ok after retries', 0)} / {ended.get('infra_error', 0)} | {failed} | "
+            f"{_s(f.get('back_at_work_s'))} |"
+        )
+    infra = ", ".join(f"`{k}` x{v}" for k, v in t["infra_error_types"].items())
+    rows += [
+        "",
+        f"Every task accounted for: {t['ok_first_try']} ok at the first try, {t['ok_after_retries']} ok after "
+        f"retries, {t['infra_error']} `infra_error` in the end" + (f" ({infra})" if infra else "") + f", "
+        f"**{t['agent_error']} `agent_error`** and {t['reward_error']} `reward_error` (a fault blamed on the agent "
+        f"or the grader), {t['unsolved']} unsolved, {t['no_record']} without a record"
+        + (f" ({', '.join(t['no_record_tasks'])})" if t["no_record"] else "")
+        + f"; the run {'**hung**' if t['hung'] else 'finished'} in {r['wall_s']:.0f} s; "
+        f"{t['pods_left_over']} pods left once the Client closed.",
+    ]
+    return rows
 
 
 def _s(v: float | None) -> str:
