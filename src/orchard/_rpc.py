@@ -138,13 +138,15 @@ class _Flight:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self._flights.discard(self)
-        if (
-            self.error is not None
-            and exc_type is not None
-            and issubclass(exc_type, asyncio.CancelledError)
-            and self.task.uncancel() <= self._cancelling
-        ):
-            raise self.error from None
+        if self.error is None:
+            return
+        if exc_type is not None and issubclass(exc_type, asyncio.CancelledError):
+            if self.task.uncancel() <= self._cancelling:
+                raise self.error from None
+        elif self.task.cancelling() > self._cancelling:
+            # Our cancel was swallowed below (Python 3.11's wait_for drops one that comes in the step it
+            # ends): take it back, or the task stays cancelling and whatever checks that ends it later.
+            self.task.uncancel()
 
 
 class ExecutorClient:

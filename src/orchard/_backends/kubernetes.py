@@ -200,7 +200,10 @@ class KubernetesInstance:
                 )
             return None
         with contextlib.suppress(TimeoutError):
-            return self._lost(await asyncio.wait_for(asyncio.shield(self._tracked.failed), 3.0))
+            # Not asyncio.wait_for: on Python 3.11 it drops a cancel that comes in the step the pod's end does,
+            # and the watch's end fails this very request with a cancel (ExecutorClient.ended).
+            async with asyncio.timeout(3.0):
+                return self._lost(await asyncio.shield(self._tracked.failed))
         return None
 
     def _lost(self, phase: Phase) -> SandboxLost:

@@ -526,7 +526,8 @@ class LocalInstance:
         if self._deleted:
             return SandboxLost("the sandbox was deleted", sandbox_id=self.id, reason="deleted")
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.shield(self.proc.wait()), 0.5)
+            async with asyncio.timeout(0.5):  # not wait_for: on Python 3.11 it can drop a cancel
+                await asyncio.shield(self.proc.wait())
         code = self.proc.returncode
         # Past its ttl the sandbox is ending, even if the executor is still shutting down.
         if code is None and not self._expired:
