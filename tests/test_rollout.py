@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import dataclasses
 import json
 import os
 import random
+import time
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,7 @@ import orchard
 import orchard.rollout
 import orchard.tasks
 from orchard.errors import ConfigError, TaskError
+from orchard.rollout._runner import RETRY_DELAY
 from orchard.tasks import Reward, Task
 from support import unisolated_ok
 
@@ -136,10 +139,12 @@ async def test_infra_faults_are_retried_and_rewards_unchanged(
         local_client, tasks, agent=seeded_agent, reward=check_reward, n=3, concurrency=3, progress=False
     )
     tries: dict[tuple[str, int], int] = {}
+    began: dict[tuple[str, int], list[float]] = collections.defaultdict(list)
 
     async def faulty_agent(sb: orchard.Sandbox, task: Task, *, attempt: int) -> str:
         key = (task.id, attempt)
         tries[key] = tries.get(key, 0) + 1
+        began[key].append(time.monotonic())
         if tries[key] == 1 and attempt == 0:
             # The executor killed from outside the sandbox, as the host sees it.
             pid = int((await sb.exec("echo $PPID")).stdout)
@@ -164,6 +169,8 @@ async def test_infra_faults_are_retried_and_rewards_unchanged(
     for tid in ("always", "half"):
         killed, deleted, plain = by_key[(tid, 0)], by_key[(tid, 1)], by_key[(tid, 2)]
         assert killed["tries"] == 2
+        # The retry waited: at least half of RETRY_DELAY (jitter), not at once.
+        assert began[(tid, 0)][1] - began[(tid, 0)][0] >= RETRY_DELAY / 2
         [failure] = killed["infra"]
         assert (failure["phase"], failure["error"], failure["reason"]) == ("agent", "SandboxLost", "exited(-9)")
         assert failure["sandbox_id"] != killed["sandbox_id"]  # the retry ran in a new sandbox

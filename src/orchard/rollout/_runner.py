@@ -7,6 +7,7 @@ import collections
 import dataclasses
 import datetime
 import os
+import random
 import time
 import traceback
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -54,6 +55,10 @@ INFRA_ERRORS: tuple[type[OrchardError], ...] = (
     BrowserCrashed,
     NoDisplay,
 )
+#: Seconds before the first retry after an infrastructure failure, doubled for each next one, with jitter
+#: (half of it to all of it): retries spread over the seconds a restart or a drain lasts instead of
+#: spending every try at once, and many attempts do not come back at the same moment.
+RETRY_DELAY = 2.0
 #: Kinds whose outcome counts in pass rates (an agent error counts as unsolved).
 COUNTED = ("ok", "agent_error")
 #: Options of ``client.create`` that are not ``SandboxSpec`` fields.
@@ -224,6 +229,9 @@ class _Run:
         answered = False
         tries = 0
         while tries <= self.retries:
+            if tries:
+                delay = RETRY_DELAY * 2 ** (tries - 1)
+                await asyncio.sleep(random.uniform(delay / 2, delay))
             _stop_if_cancelled()
             tries += 1
             record["tries"] = tries
@@ -461,7 +469,8 @@ async def run(
             same ``out`` resumes, running only the attempts not yet finished.
         retries: tries after an infrastructure failure (a sandbox that does not
             start, is lost, or whose executor stops answering) before the attempt
-            is recorded as ``infra_error`` (never as reward 0).
+            is recorded as ``infra_error`` (never as reward 0); the first after
+            1-2 s, each next one after twice as long.
         timeout: seconds for each setup command, the agent and the reward; past
             it the agent's (or reward's) try fails.
         sandbox: options of ``client.sandbox`` for every attempt (``SandboxSpec``
