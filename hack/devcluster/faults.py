@@ -264,7 +264,7 @@ def reclaim(node: str) -> list[str]:
     for p in gone:
         md = p["metadata"]
         if node == dc.NODE_NAME:  # a real kubelet's pods: their processes die with the machine
-            with contextlib.suppress(dc.ClusterError):
+            with contextlib.suppress(dc.ClusterError, urllib.error.HTTPError):  # gone meanwhile: nothing to kill
                 kill_executor(md["namespace"], md["name"])
         with contextlib.suppress(urllib.error.HTTPError):
             delete(md["namespace"], md["name"])
