@@ -24,7 +24,7 @@ from orchard import errors
 from orchard._rpc import ExecutorClient
 from orchard._sandbox import Sandbox
 from orchard._spec import SandboxSpec
-from orchard_executor.protocol import Info
+from orchard_executor.protocol import FRAME_HEADER, Info
 from support import host_pid_alive, read_pid, stopped
 
 pytestmark = pytest.mark.executor
@@ -133,6 +133,11 @@ class Hostile:
             writer.write(b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: %d\r\n\r\n" % FLOOD)
             while self.sent < FLOOD:
                 await self.send(writer, bytes(MIB))
+        elif b == "cut":  # a chunked reply cut mid-chunk, its connection closed: an executor killed mid-reply
+            writer.write(ok + b"Transfer-Encoding: chunked\r\n\r\n")
+            frame = FRAME_HEADER.pack(100) + bytes(10)  # a frame of 100 bytes, 10 of them sent
+            await self.send(writer, b"%x\r\n%s" % (1000, frame))
+            raise ConnectionResetError
         elif b == "trickle":
             writer.write(ok + b"Content-Length: 1000\r\n\r\n")
             while True:  # a byte now and then: never idle, never done
@@ -206,6 +211,15 @@ async def test_an_exec_reply_is_capped_by_its_max_output(hostile: tuple[Hostile,
     await bounded(server.finished.wait())
     # 2 x max_output plus slack, not the general 64 MiB cap.
     assert server.sent < 32 * MIB, server.sent
+
+
+@pytest.mark.parametrize("hostile", ["cut"], indirect=True)
+async def test_a_reply_cut_mid_body_is_a_lost_sandbox(hostile: tuple[Hostile, Sandbox]) -> None:
+    """Not aiohttp's ClientPayloadError: the chaos run's reclaim got it from a read_file once."""
+    _, sb = hostile
+    for call in (sb.read_file("x"), sb.stat("x"), sb.exec("true")):
+        with pytest.raises(errors.SandboxLost, match="unreachable"):
+            await bounded(call)
 
 
 @pytest.mark.parametrize("hostile", ["huge-error", "huge-error-length"], indirect=True)

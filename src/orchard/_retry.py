@@ -17,8 +17,9 @@ from tenacity import (
     wait_random_exponential,
 )
 
-#: Failures worth another try: the connection broke or could not be made.
-TRANSIENT = (aiohttp.ClientConnectionError,)
+#: Failures worth another try: the connection broke or could not be made, or broke in the middle of a
+#: reply's body (aiohttp's ClientPayloadError: an executor killed while it answered).
+TRANSIENT = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError)
 #: Among those, a deadline that passed: not retried, since a slow or frozen
 #: executor would only make the caller wait the whole deadline again.
 TOO_SLOW = (aiohttp.ServerTimeoutError,)
