@@ -161,6 +161,22 @@ class Window:
     fault: dict[str, Any] = field(default_factory=dict)
 
 
+async def fire_fault(windows: list[Window], now: Callable[[], float], name: str, fault: Fire, note: str = "") -> Window:
+    """Close the current window, open the fault's and fire it; the result, or why it could not fire, goes in it."""
+    t = now()
+    windows[-1].end = t
+    window = Window(name, t)
+    windows.append(window)
+    print(f"-- {t:6.1f}s fault: {name}{note}", flush=True)
+    try:
+        window.fault["result"] = await fault()
+    except Exception as exc:
+        window.fault["error"] = repr(exc)
+        print(f"!! firing {name} failed: {exc!r}", flush=True)
+    window.fault["fault_s"] = round(now() - t, 1)
+    return window
+
+
 def reason_of(exc: BaseException) -> str:
     """An error's short reason: the backend's, the executor's code, or the deadline its message names."""
     for attr in ("reason", "code", "rule"):
@@ -449,18 +465,9 @@ class Chaos:
         self.windows[-1].end = self.now()
         self.windows.append(Window("baseline", self.now()))
         await asyncio.sleep(before * 2)
-        for name, fire in self.faults():
-            t = self.now()
-            self.windows[-1].end = t
-            window = Window(name, t)
-            self.windows.append(window)
-            print(f"-- {t:6.1f}s fault: {name}", flush=True)
-            try:
-                window.fault["result"] = await fire()
-            except Exception as exc:
-                window.fault["error"] = repr(exc)
-                print(f"!! firing {name} failed: {exc!r}", flush=True)
-            window.fault["fault_s"] = round(self.now() - t, 1)
+        for name, fault in self.faults():
+            window = await fire_fault(self.windows, self.now, name, fault)
+            t = window.start
             await asyncio.sleep(after)
             window.fault["settled"] = await self.settle(t, 60.0) is not None
             await asyncio.sleep(before)
@@ -766,24 +773,14 @@ class Rollout:
                 break
             await asyncio.sleep(0.5)
         await asyncio.sleep(2 * before)
-        for name, fire in fault_schedule(self.args.quick, self.one_pod, ROLLOUT_SCHEDULE):
+        for name, fault in fault_schedule(self.args.quick, self.one_pod, ROLLOUT_SCHEDULE):
             if run.done():
                 print(f"!! the rollout ended before {name}: raise --tasks", flush=True)
                 self.windows[-1].fault.setdefault("not fired", []).append(name)
                 continue
-            t = self.now()
-            self.windows[-1].end = t
-            window = Window(name, t)
-            self.windows.append(window)
-            print(f"-- {t:6.1f}s fault: {name} ({len(self.at_work)} agents at work)", flush=True)
-            try:
-                window.fault["result"] = await fire()
-            except Exception as exc:
-                window.fault["error"] = repr(exc)
-                print(f"!! firing {name} failed: {exc!r}", flush=True)
-            window.fault["fault_s"] = round(self.now() - t, 1)
+            window = await fire_fault(self.windows, self.now, name, fault, f" ({len(self.at_work)} agents at work)")
             await asyncio.sleep(after)
-            back = await self.back_at_work(t + window.fault["fault_s"], 60.0)
+            back = await self.back_at_work(window.start + window.fault["fault_s"], 60.0)
             window.fault["back_at_work_s"] = None if back is None else round(back + window.fault["fault_s"], 1)
             await asyncio.sleep(before)
         self.windows[-1].end = self.now()
