@@ -186,7 +186,8 @@ async def test_a_start_while_the_api_server_stays_down_is_a_typed_error(
             t0 = time.monotonic()
             with pytest.raises(ClusterUnavailable, match="did not answer") as info:
                 await c.create(BUSYBOX)
-            assert time.monotonic() - t0 < 10
+            # Typed, and long before start_timeout (120 s): the 3 s of retries, their last backoff, the attempts.
+            assert time.monotonic() - t0 < 30
             assert infra_cause(info.value) is info.value  # a rollout retries it, never blames the agent
             # Meanwhile the running sandbox works, and closes once the API server is back.
             assert (await sb.exec("echo alive")).stdout == "alive\n"
