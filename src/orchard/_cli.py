@@ -113,6 +113,22 @@ def _parser() -> argparse.ArgumentParser:
         "--allow-cluster", action="store_true", help="let network=True sandboxes reach pods, services and nodes"
     )
     setup.add_argument("--dry-run", action="store_true", help="print the objects as JSON instead of writing them")
+    doctor = commands.add_parser(
+        "doctor",
+        help="check what each backend needs on this machine and cluster, then start a sandbox on each that can",
+    )
+    doctor.add_argument(
+        "--backend",
+        action="append",
+        choices=["local", "docker", "kubernetes"],
+        default=None,
+        help="check only this backend (repeatable; default: all three)",
+    )
+    doctor.add_argument(
+        "--image", default=None, help="image of the trial sandbox on docker and kubernetes (default: the repo's busybox)"
+    )
+    doctor.add_argument("--json", action="store_true", help="print the checks as JSON")
+    _cluster_options(doctor)
     return parser
 
 
@@ -240,6 +256,10 @@ def main(argv: list[str] | None = None) -> int:
         return _k8s_setup(args)
     if args.command == "pool":
         return _pool_keep(args)
+    if args.command == "doctor":
+        from ._doctor import run as run_doctor
+
+        return run_doctor(args)
     return _cluster(args)
 
 
