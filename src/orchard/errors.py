@@ -98,6 +98,10 @@ class ClusterUnavailable(OrchardError, ConnectionError):
     """
 
 
+class AccessDenied(OrchardError, PermissionError):
+    """The cluster's API server refused this client: its credentials (401), or an action its RBAC lacks (403)."""
+
+
 class SandboxClosed(OrchardError, RuntimeError):
     """The sandbox (or its client) was already closed."""
 

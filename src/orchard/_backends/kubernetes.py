@@ -15,6 +15,7 @@ import contextlib
 import copy
 import datetime
 import logging
+import os
 import random
 import time
 from collections.abc import Awaitable, Callable
@@ -29,6 +30,7 @@ from .._handle import HandleFields
 from .._spec import SandboxSpec
 from .._tls import Identity, pin
 from ..errors import (
+    AccessDenied,
     ClusterUnavailable,
     ConfigError,
     InvalidHandle,
@@ -78,6 +80,42 @@ def _status_message(body: Any) -> str:
         return str(msgspec.json.decode(body)["message"])[:500]
     except Exception:
         return f"{body!s:.500}"
+
+
+def _grant(namespace: str) -> str:
+    return (
+        "a cluster admin grants a client its rights with "
+        f"orchard k8s setup -n {namespace} --service-account NAME (the client Role, bound to NAME)"
+    )
+
+
+def refusal(exc: Any, namespace: str, doing: str) -> Exception:
+    """A typed error for an API call the server refused: a missing namespace, a lack of RBAC, bad credentials.
+
+    Anything else is ``exc`` itself, the API client's ``ApiException``.
+    """
+    try:
+        status = msgspec.json.decode(exc.body)
+        details = status.get("details") or {}
+    except Exception:
+        status, details = {}, {}
+    if exc.status == 404 and details.get("kind") == "namespaces":
+        return ConfigError(
+            f'namespace "{details.get("name", namespace)}" not found: create it '
+            f"(kubectl create namespace {details.get('name', namespace)}, or orchard k8s setup --create-namespace), "
+            "or pass an existing one"
+        )
+    if exc.status == 403:
+        return AccessDenied(
+            f"the API server denied this client the right to {doing} in namespace {namespace!r}: "
+            f"{_status_message(exc.body)}; {_grant(namespace)}"
+        )
+    if exc.status == 401:
+        return AccessDenied(
+            "the API server refused the kubeconfig's credentials (401 Unauthorized): they are expired or wrong; "
+            "renew them, or pick others with kubeconfig= and context="
+        )
+    return exc  # type: ignore[no-any-return]
 
 
 def _micro_time() -> str:
@@ -291,6 +329,16 @@ class KubernetesBackend:
         from kubernetes_asyncio.stream import WsApiClient
 
         cfg = client.Configuration()
+        if not self.config.in_cluster:
+            paths = self.config.kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
+            if not any(os.path.exists(os.path.expanduser(p)) for p in paths.split(os.pathsep) if p):
+                where = (
+                    "kubeconfig=" if self.config.kubeconfig else "$KUBECONFIG" if os.environ.get("KUBECONFIG") else ""
+                )
+                raise ConfigError(
+                    f"no kubeconfig: {paths} does not exist{f' ({where})' if where else ''}: pass kubeconfig=PATH "
+                    "(orchard's commands: --kubeconfig PATH) or set KUBECONFIG; inside a cluster, in_cluster=True"
+                )
         try:
             if self.config.kubeconfig is None and self.config.in_cluster:
                 config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
@@ -341,7 +389,12 @@ class KubernetesBackend:
             duration=self.config.lease_seconds,
             now=_micro_time(),
         )
-        resp = await self._call("lease", self._coord.create_namespaced_lease, self.config.namespace, body)
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        try:
+            resp = await self._call("lease", self._coord.create_namespaced_lease, self.config.namespace, body)
+        except ApiException as exc:
+            raise refusal(exc, self.config.namespace, "create the session's Lease") from exc
         lease = msgspec.json.decode(await resp.read())
         meta = lease["metadata"]
         self._owner = {
@@ -848,8 +901,10 @@ class KubernetesBackend:
                     sandbox_id=name,
                     reason="PodSecurity",
                 ) from exc
+            hint = f"; {_grant(self.config.namespace)}" if exc.status == 403 else ""
             raise SandboxStartError(
-                f"sandbox {name}: the API server refused the pod: {exc.status} {exc.reason}: {exc.body!s:.500}",
+                f"sandbox {name}: the API server refused the pod: {exc.status} {exc.reason}: "
+                f"{_status_message(exc.body)}{hint}",
                 sandbox_id=name,
                 reason=f"HTTP{exc.status}",
             ) from exc
@@ -965,6 +1020,18 @@ async def _inventory(config: KubernetesConfig) -> tuple[KubernetesBackend, list[
         ).read(),
         type=LeaseList,
     ).items
+    if not pods and not leases:  # a missing namespace lists as empty: say so rather than show nothing
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        try:
+            (await backend._call("get", backend._core.read_namespace, config.namespace)).release()
+        except ApiException as exc:
+            if exc.status == 404:
+                await backend._close_api()
+                raise refusal(exc, config.namespace, "read the namespace") from exc
+            if exc.status != 403:  # a client Role may not read namespaces: then it cannot tell
+                await backend._close_api()
+                raise
     now = time.time()
     live = {lease.metadata.labels.get(SESSION_LABEL, "") for lease in leases if lease.alive(now)}
     return backend, pods, leases, live
@@ -1084,6 +1151,7 @@ async def setup(
     allow_api_server: bool = False,
     allow_cluster: bool = False,
     pools: list[str] | None = None,
+    create_namespace: bool = False,
 ) -> list[dict[str, Any]]:
     """Label the namespace for Pod Security and write the client Role, a RoleBinding, the NetworkPolicies.
 
@@ -1106,6 +1174,7 @@ async def setup(
         allow_cluster: Let them reach the cluster's pods, services and nodes.
         pools: Shared pools (``orchard pool keep``): each gets the Secret with its
             key (kept if it exists), which the client Role may read.
+        create_namespace: Create the namespace if it does not exist (else that is a ``ConfigError``).
 
     Returns:
         The objects written, the Namespace (its labels only) first.
@@ -1173,15 +1242,17 @@ async def setup(
         "Secret": (core.create_namespaced_secret, None),  # an existing key stays: pods in the pool accept it
     }
     try:
+        try:
+            await core.read_namespace(config.namespace)
+        except ApiException as exc:
+            if exc.status != 404 or not create_namespace:
+                raise refusal(exc, config.namespace, "read the namespace") from exc
+            labels = objects[0]["metadata"]["labels"] if objects[0]["kind"] == "Namespace" else {}
+            meta = client.V1ObjectMeta(name=config.namespace, labels=labels)
+            await core.create_namespace(client.V1Namespace(metadata=meta))
         for obj in objects:
-            if obj["kind"] == "Namespace":
-                try:  # a merge patch: the namespace's other labels stay
-                    await core.patch_namespace(config.namespace, {"metadata": {"labels": obj["metadata"]["labels"]}})
-                except ApiException as exc:
-                    if exc.status != 404:
-                        raise
-                    meta = client.V1ObjectMeta(name=config.namespace, labels=obj["metadata"]["labels"])
-                    await core.create_namespace(client.V1Namespace(metadata=meta))
+            if obj["kind"] == "Namespace":  # a merge patch: the namespace's other labels stay
+                await core.patch_namespace(config.namespace, {"metadata": {"labels": obj["metadata"]["labels"]}})
                 continue
             create, replace = ops[obj["kind"]]
             try:
