@@ -217,8 +217,15 @@ class Client:
         return sb
 
     async def _start(self, image: str, spec: dict[str, Any], sandbox_id: str) -> Sandbox:
-        await self._ensure_open()
         sandbox_spec = make_spec(image, spec)
+        backend_name = type(self.config).__struct_config__.tag
+        if sandbox_spec.image == "local" and backend_name != "local":
+            # "local" is only the local backend's default; a container engine would look for it in a registry.
+            raise ConfigError(
+                f"image 'local' is not a container image: the {backend_name} backend needs one, such as "
+                "'orchard-test/swe' (scripts/docker-setup.sh builds the test images)"
+            )
+        await self._ensure_open()
         pool = self._pools.get(sandbox_spec.image)
         if pool is not None and pool.spec == sandbox_spec:
             t0 = time.monotonic()

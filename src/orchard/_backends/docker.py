@@ -630,7 +630,8 @@ class DockerBackend:
         except DockerError as exc:
             raise SandboxStartError(
                 f"sandbox {sandbox_id}: image {spec.image!r} is not on the Docker host and pulling it failed: "
-                f"{exc.message}",
+                f"{exc.message}; build or load it there (scripts/docker-setup.sh builds orchard-test/*), "
+                "or name an image it has",
                 sandbox_id=sandbox_id,
                 reason="ErrImagePull",
             ) from exc
