@@ -8,7 +8,7 @@ from typing import Any
 
 import msgspec
 import pytest
-from docker_support import BUSYBOX, SWE, WORKDIR, engine, inspect
+from docker_support import BUSYBOX, SWE, WORKDIR, inspect
 
 import orchard
 from handles_support import attach_in_child, token_of
@@ -74,16 +74,18 @@ async def test_a_wrong_token_a_wrong_certificate_and_a_deleted_sandbox_fail_type
 
 @pytest.fixture
 def foreign_container() -> Iterator[str]:
-    """A container on the engine that is not an Orchard sandbox."""
+    """A container on the engine that is not an Orchard sandbox (testcontainers starts and removes it)."""
+    from testcontainers.core.config import testcontainers_config
+    from testcontainers.core.container import DockerContainer
+
+    testcontainers_config.ryuk_disabled = True  # its reaper's image is in no registry here; the block removes it
     name = f"not-orchard-{secrets.token_hex(4)}"
-    status, body = engine("POST", f"/containers/create?name={name}", {"Image": BUSYBOX, "Cmd": ["sleep", "300"]})
-    assert status == 201, body
-    try:
-        status, body = engine("POST", f"/containers/{name}/start")
-        assert status == 204, body
+    with DockerContainer(BUSYBOX).with_name(name).with_command(["sleep", "300"]):
+        info = inspect(name)
+        assert info is not None, name
+        assert info["State"]["Running"]
         yield name
-    finally:
-        engine("DELETE", f"/containers/{name}?force=1")
+    assert inspect(name) is None  # removed with its block
 
 
 async def test_a_handle_naming_another_container_deletes_nothing(docker_ready: str, foreign_container: str) -> None:
