@@ -12,6 +12,8 @@ import signal
 import socket
 import ssl
 import struct
+import subprocess
+import sys
 import threading
 import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -331,3 +333,18 @@ def executor_host_pids(token_sha256: str) -> list[int]:
         except OSError:  # gone meanwhile, or not ours to read
             continue
     return found
+
+
+def orchard_cli(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 120, cwd: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run the real ``orchard`` command (``python -m orchard``) as a subprocess; ``env`` adds to this one's."""
+    return subprocess.run(
+        [sys.executable, "-m", "orchard", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+        cwd=cwd,
+        check=False,
+    )

@@ -42,8 +42,24 @@ def test_demo_command_runs_and_reports(tmp_path: Path) -> None:
         check=False,
     )
     assert run.returncode == 0, run.stderr
-    report = run.stderr
-    assert "4/4 sandboxes  ok=4 failed=0" in report
+    # Progress on stderr, one plain line a sandbox here (not a terminal: no redraws, no escape codes); the table
+    # and totals on stdout.
+    assert run.stderr.splitlines()[-1] == "4/4 sandboxes  ok=4 failed=0"
+    assert "\x1b" not in run.stderr + run.stdout
+    report = run.stdout
+    assert report.splitlines()[0].split() == [
+        "OPERATION",
+        "OK",
+        "FAILED",
+        "P50",
+        "MS",
+        "P95",
+        "MS",
+        "P99",
+        "MS",
+        "MAX",
+        "MS",
+    ]
     assert "sandboxes: 4/4 succeeded, 0 failed" in report
     for op in ("create", "write", "run", "test_fail", "fix", "test_pass", "read", "delete"):
         assert any(line.split()[:3] == [op, "4", "0"] for line in report.splitlines()), op

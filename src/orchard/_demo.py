@@ -14,6 +14,7 @@ from typing import Any, TextIO, TypeVar
 from ._backends import BackendConfig
 from ._backends.local import bwrap_available
 from ._client import Client
+from ._console import Progress, table
 from ._sandbox import Sandbox
 from .errors import UnisolatedWarning
 
@@ -50,20 +51,30 @@ if __name__ == "__main__":
 # compiled copy, so a cached .pyc would still look fresh and the rerun would
 # test the old code (the classic trap for agents that edit and rerun quickly).
 OPS = ("create", "write", "run", "test_fail", "fix", "test_pass", "read", "delete")
+COLUMNS = ("operation", "ok", "failed", "p50 ms", "p95 ms", "p99 ms", "max ms")
+#: The image ``orchard demo`` runs on the container backends: Debian with python3 (scripts/docker-setup.sh).
+DEMO_IMAGE = "orchard-test/swe:latest"
 
 
 class Recorder:
-    """Latency samples and failures per operation, and a progress line."""
+    """Latency samples and failures per operation, and the progress."""
 
-    def __init__(self, total: int, out: TextIO) -> None:
+    def __init__(self, total: int, out: TextIO, *, quiet: bool = False) -> None:
         self.samples: dict[str, list[float]] = defaultdict(list)
         self.failures: dict[str, int] = defaultdict(int)
         self.errors: list[str] = []
         self.total = total
-        self.done = 0
-        self.failed = 0
-        self._out = out
-        self._tty = out.isatty()
+        self.progress = Progress(total, out, quiet=quiet)
+
+    @property
+    def done(self) -> int:
+        """Sandboxes whose task ended."""
+        return self.progress.done
+
+    @property
+    def failed(self) -> int:
+        """Sandboxes whose task failed."""
+        return self.progress.failed
 
     async def time(self, op: str, fn: Callable[[], Awaitable[T]]) -> T:
         """Run and time one operation; a failure is counted and re-raised."""
@@ -78,25 +89,7 @@ class Recorder:
 
     def finished(self, ok: bool) -> None:
         """One sandbox's task ended."""
-        self.done += 1
-        self.failed += not ok
-        self.progress()
-
-    def progress(self) -> None:
-        """Redraw the progress bar (on a terminal) or print every tenth step."""
-        width = 30
-        filled = width * self.done // max(self.total, 1)
-        line = (
-            f"[{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} sandboxes"
-            f"  ok={self.done - self.failed} failed={self.failed}"
-        )
-        if self._tty:
-            self._out.write("\r" + line)
-            if self.done == self.total:
-                self._out.write("\n")
-        elif self.done == self.total or self.done % max(1, self.total // 10) == 0:
-            self._out.write(line + "\n")
-        self._out.flush()
+        self.progress.advance(ok)
 
 
 def _check(condition: bool, message: str) -> None:
@@ -104,9 +97,10 @@ def _check(condition: bool, message: str) -> None:
         raise AssertionError(message)
 
 
-async def rollout(client: Client, rec: Recorder, image: str) -> None:
-    """One sandbox: write code, run it, watch a test fail, fix it, watch it pass."""
-    sb: Sandbox = await rec.time("create", lambda: client.create(image))
+async def rollout(client: Client, rec: Recorder, image: str, sb: Sandbox | None = None) -> None:
+    """One sandbox (``sb``, or a new one): write code, run it, watch a test fail, fix it, watch it pass."""
+    if sb is None:
+        sb = await rec.time("create", lambda: client.create(image))
     try:
 
         async def write() -> None:
@@ -134,28 +128,25 @@ def _pct(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1]
 
 
-def summary(rec: Recorder, wall: float) -> str:
-    """The results table: successes, failures and latency percentiles per operation."""
-    rows = [f"{'operation':<10} {'ok':>5} {'failed':>6} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8} {'max ms':>8}"]
+def summary(rec: Recorder, wall: float, out: TextIO) -> None:
+    """Print the results: successes, failures and latency percentiles per operation, then the totals."""
+    rows: list[dict[str, Any]] = []
     for op in OPS:
         values = rec.samples.get(op, [])
         failed = rec.failures.get(op, 0)
         if not values and not failed:
             continue
-        if values:
-            stats = [_pct(values, 50), _pct(values, 95), _pct(values, 99), max(values)]
-            cells = " ".join(f"{v * 1000:>8.1f}" for v in stats)
-        else:
-            cells = " ".join(f"{'-':>8}" for _ in range(4))
-        rows.append(f"{op:<10} {len(values):>5} {failed:>6} {cells}")
+        stats = [_pct(values, 50), _pct(values, 95), _pct(values, 99), max(values)] if values else []
+        cells = [f"{v * 1000:.1f}" for v in stats] or ["-"] * 4
+        rows.append(dict(zip(COLUMNS, [op, len(values), failed, *cells], strict=True)))
+    table(rows, COLUMNS, out)
     ok = rec.done - rec.failed
     commands = sum(len(rec.samples.get(op, [])) for op in ("run", "test_fail", "fix", "test_pass"))
-    rows.append("")
-    rows.append(
-        f"sandboxes: {ok}/{rec.total} succeeded, {rec.failed} failed in {wall:.2f}s "
-        f"({rec.total / wall:.1f} sandboxes/s, {commands / wall:.1f} commands/s)"
+    print(
+        f"\nsandboxes: {ok}/{rec.total} succeeded, {rec.failed} failed in {wall:.2f}s "
+        f"({rec.total / wall:.1f} sandboxes/s, {commands / wall:.1f} commands/s)",
+        file=out,
     )
-    return "\n".join(rows)
 
 
 def _local_isolation(out: TextIO) -> str:
@@ -174,37 +165,51 @@ async def run_demo(
     sandboxes: int = 32,
     *,
     backend: str | BackendConfig = "local",
-    image: str = "local",
+    image: str | None = None,
     out: TextIO = sys.stderr,
+    report: TextIO = sys.stdout,
+    quiet: bool = False,
     **backend_options: Any,
 ) -> Recorder:
-    """Run the demo and print its progress and summary; returns the recorder."""
-    rec = Recorder(sandboxes, out)
-    print(f"orchard demo: {sandboxes} sandboxes on the {backend!s} backend, in parallel", file=out)
-    chosen = backend == "local" and "isolation" not in backend_options
+    """Run the demo: progress and notices to ``out``, the results table to ``report``; returns the recorder.
+
+    ``image`` defaults to ``DEMO_IMAGE`` on the container backends (the local backend has none). The first
+    sandbox starts alone: if it cannot (a missing image, a backend that is not there), its error is raised
+    once, rather than reported for every sandbox.
+    """
+    name = backend if isinstance(backend, str) else str(type(backend).__struct_config__.tag)
+    image = image or ("local" if name == "local" else DEMO_IMAGE)
+    if not quiet:
+        where = "" if name == "local" else f" ({image})"
+        print(f"orchard demo: {sandboxes} sandboxes on the {name} backend{where}, in parallel", file=out)
+    chosen = name == "local" and isinstance(backend, str) and "isolation" not in backend_options
     if chosen:
         backend_options["isolation"] = _local_isolation(out)
+    rec = Recorder(sandboxes, out, quiet=quiet)
     t0 = time.perf_counter()
     with warnings.catch_warnings():
         # The notice above already said it, where the demo chose "none" itself.
         if chosen:
             warnings.simplefilter("ignore", UnisolatedWarning)
         client = await Client(backend, **backend_options).__aenter__()
-    async with client:
+    try:
+        async with client:
+            first = await rec.time("create", lambda: client.create(image))
 
-        async def one() -> None:
-            try:
-                await rollout(client, rec, image)
-            except Exception as exc:  # noqa: BLE001 - every failure is reported below
-                rec.errors.append(f"{type(exc).__name__}: {exc}")
-                rec.finished(False)
-            else:
-                rec.finished(True)
+            async def one(sb: Sandbox | None = None) -> None:
+                try:
+                    await rollout(client, rec, image, sb)
+                except Exception as exc:  # noqa: BLE001 - every failure is reported below
+                    rec.errors.append(f"{type(exc).__name__}: {exc}")
+                    rec.finished(False)
+                else:
+                    rec.finished(True)
 
-        rec.progress()
-        await asyncio.gather(*(one() for _ in range(sandboxes)))
+            await asyncio.gather(one(first), *(one() for _ in range(sandboxes - 1)))
+    finally:
+        rec.progress.close()
     wall = time.perf_counter() - t0
-    print(summary(rec, wall), file=out)
+    summary(rec, wall, report)
     for error in rec.errors[:5]:
-        print(f"  failure: {error}", file=out)
+        print(f"  failure: {error}", file=report)
     return rec
