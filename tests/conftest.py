@@ -2,8 +2,12 @@
 
 ``client`` is parametrized by backend: the generic Sandbox tests
 (``test_sandbox_*.py``, ``test_executor_http.py``) take it and run unchanged
-on every backend listed in ``BACKENDS``. Backend-specific checks (host pids,
-directories) live in their own modules and use ``local_client``.
+on every backend listed in ``BACKENDS``: plain ``pytest`` runs them on both
+local tiers, unisolated and under bubblewrap, as ``scripts/test`` does, and
+``ORCHARD_TEST_BACKENDS=local`` chooses the first alone. A tier that cannot
+run here FAILS with the reason (``bwrap_ready``), as docker's and k8s's do:
+never a smaller run. Backend-specific checks (host pids, directories) live in
+their own modules and use ``local_client``.
 """
 
 from __future__ import annotations
@@ -18,8 +22,7 @@ import pytest
 
 import orchard
 
-#: Backends the generic tests run on (``ORCHARD_TEST_BACKENDS=local,local-bwrap``);
-#: other backends add themselves to ``client`` below.
+#: Backends the generic tests run on (support.py); other backends add themselves to ``client`` below.
 # In support.py, so that test modules import them from there: another conftest can own the name "conftest".
 from gateway_support import Upstream, upstream  # noqa: E402
 from support import BACKENDS, unisolated_ok  # noqa: E402, F401
@@ -54,12 +57,28 @@ async def local_client(local_root: Path) -> AsyncIterator[orchard.Client]:
         yield client
 
 
+@pytest.fixture(scope="session")
+def bwrap_ready() -> None:
+    """Bubblewrap isolates sandboxes here; the local-bwrap tier FAILS (never skips) otherwise."""
+    from orchard._backends.local import find_isolation
+
+    try:
+        find_isolation("bwrap")
+    except orchard.errors.ConfigError as exc:
+        pytest.fail(
+            f"the local-bwrap tier cannot run: {exc}. scripts/test installs bubblewrap and slirp4netns; "
+            "ORCHARD_TEST_BACKENDS=local runs the unisolated tier alone",
+            pytrace=False,
+        )
+
+
 @pytest.fixture(params=BACKENDS)
 async def client(request: pytest.FixtureRequest, local_root: Path) -> AsyncIterator[orchard.Client]:
     """A Client on each backend the generic tests run on."""
     if request.param == "local":
         config = orchard.LocalConfig(root=str(local_root), isolation="none")
     elif request.param == "local-bwrap":
+        request.getfixturevalue("bwrap_ready")
         config = orchard.LocalConfig(root=str(local_root), isolation="bwrap")
     else:
         raise NotImplementedError(f"no client fixture for backend {request.param!r}")

@@ -220,8 +220,9 @@ def to_executor(segments: list[Segment], sb: orchard.Sandbox) -> list[Segment]:
     return [s for s in segments if s.dst == url.host and s.dport == url.port]
 
 
-#: Backends the generic tests run on (``ORCHARD_TEST_BACKENDS=local,local-bwrap``).
-BACKENDS = os.environ.get("ORCHARD_TEST_BACKENDS", "local").split(",")
+#: Backends the generic tests run on: both local tiers, as plain ``pytest`` and ``scripts/test`` run them,
+#: unless ``ORCHARD_TEST_BACKENDS`` chooses fewer (``=local``: the unisolated one alone). A tier that cannot run fails.
+BACKENDS = os.environ.get("ORCHARD_TEST_BACKENDS", "local,local-bwrap").split(",")
 
 
 @contextlib.contextmanager
