@@ -312,10 +312,7 @@ def explain(exc: BaseException, args: argparse.Namespace) -> str | None:
 
         typed = refusal(exc, getattr(args, "namespace", "default"), _DOING.get(args.command, "do this"))
         if typed is not exc:
-            message = str(typed)
-            if args.command == "k8s" and isinstance(typed, ValueError):  # the namespace is missing
-                message = message.replace(" or orchard k8s setup --create-namespace)", "), or pass --create-namespace")
-            return message
+            return str(typed)
         from ._backends.kubernetes import _status_message
 
         failed: Any = exc

@@ -11,6 +11,8 @@ Fixtures:
 * ``k8s_namespace``: a fresh namespace (its default service account exists),
   deleted with everything in it after the test.
 * ``kubectl``: argv prefix running kubectl against that cluster.
+* ``service_account_kubeconfig``: makes a kubeconfig whose user is a service
+  account of ``k8s_namespace`` (a fresh token), to test what its Role allows.
 """
 
 from __future__ import annotations
@@ -20,10 +22,11 @@ import os
 import secrets
 import shutil
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import pytest
+import yaml
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.api_client import ApiClient
 
@@ -123,3 +126,32 @@ def _kubectl_binary() -> str:
 def kubectl(kubeconfig: str) -> list[str]:
     """argv prefix for kubectl against the test cluster."""
     return [_kubectl_binary(), f"--kubeconfig={kubeconfig}"]
+
+
+@pytest.fixture
+def service_account_kubeconfig(
+    kubeconfig: str, k8s_namespace: str, k8s_api: ApiClient, tmp_path: Path
+) -> Callable[[str], Awaitable[str]]:
+    """``await make(account)``: the path of a kubeconfig for the test cluster as that service account."""
+
+    async def make(account: str) -> str:
+        request = client.AuthenticationV1TokenRequest(spec=client.V1TokenRequestSpec(audiences=[]))
+        core = client.CoreV1Api(k8s_api)
+        token = (await core.create_namespaced_service_account_token(account, k8s_namespace, request)).status.token
+        cluster = yaml.safe_load(Path(kubeconfig).read_text())["clusters"][0]
+        path = tmp_path / f"{account}.kubeconfig"
+        path.write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "clusters": [cluster],
+                    "users": [{"name": account, "user": {"token": token}}],
+                    "contexts": [{"name": account, "context": {"cluster": cluster["name"], "user": account}}],
+                    "current-context": account,
+                }
+            )
+        )
+        return str(path)
+
+    return make

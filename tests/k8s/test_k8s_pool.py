@@ -7,17 +7,14 @@ import asyncio
 import base64
 import contextlib
 import logging
-import os
 import signal
 import subprocess
 import sys
-import tempfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import aiohttp
 import pytest
-import yaml
 from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio.client.api_client import ApiClient
 from kubernetes_asyncio.client.exceptions import ApiException
@@ -257,7 +254,12 @@ async def _changed(holder: object, before: str | None) -> bool:
     return now is not None and now != before
 
 
-async def test_the_client_role_is_enough_to_claim(k8s_api: ApiClient, k8s_namespace: str, kubeconfig: str) -> None:
+async def test_the_client_role_is_enough_to_claim(
+    k8s_api: ApiClient,
+    k8s_namespace: str,
+    kubeconfig: str,
+    service_account_kubeconfig: Callable[[str], Awaitable[str]],
+) -> None:
     """Claims made with a service account's token bound only to the Role ``orchard k8s setup --pool`` writes."""
     core = k8s.CoreV1Api(k8s_api)
     await core.create_namespaced_service_account(
@@ -268,35 +270,16 @@ async def test_the_client_role_is_enough_to_claim(k8s_api: ApiClient, k8s_namesp
     assert [o["kind"] for o in written][-1] == "Secret"
     role = await k8s.RbacAuthorizationV1Api(k8s_api).read_namespaced_role("orchard-client", k8s_namespace)
     assert [r.resource_names for r in role.rules if r.resources == ["secrets"]] == [["orchard-pool-rb"]]
-    token = (
-        await core.create_namespaced_service_account_token(
-            "trainer", k8s_namespace, k8s.AuthenticationV1TokenRequest(spec=k8s.V1TokenRequestSpec(audiences=[]))
-        )
-    ).status.token
-    kc = yaml.safe_load(Path(kubeconfig).read_text())
-    cluster = kc["clusters"][0]
-    limited = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [cluster],
-        "users": [{"name": "trainer", "user": {"token": token}}],
-        "contexts": [{"name": "trainer", "context": {"cluster": cluster["name"], "user": "trainer"}}],
-        "current-context": "trainer",
-    }
-    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
-        yaml.safe_dump(limited, f)
-    try:
-        async with keeper(admin, "rb", 1):
-            key_before = await pool_key(k8s_api, k8s_namespace, "rb")
-            async with orchard.Client(config(f.name, k8s_namespace, pool="rb")) as client:
-                async with client.sandbox(BUSYBOX) as sb:
-                    assert "claim" in sb.timings
-                    assert (await sb.exec(["true"])).exit_code == 0
-            # The keeper, and setup run again, keep the key setup wrote (pods already in the pool accept it).
-            await setup(admin, pools=["rb"], pod_security=None)
-            assert await pool_key(k8s_api, k8s_namespace, "rb") == key_before
-    finally:
-        os.unlink(f.name)
+    trainer = await service_account_kubeconfig("trainer")
+    async with keeper(admin, "rb", 1):
+        key_before = await pool_key(k8s_api, k8s_namespace, "rb")
+        async with orchard.Client(config(trainer, k8s_namespace, pool="rb")) as client:
+            async with client.sandbox(BUSYBOX) as sb:
+                assert "claim" in sb.timings
+                assert (await sb.exec(["true"])).exit_code == 0
+        # The keeper, and setup run again, keep the key setup wrote (pods already in the pool accept it).
+        await setup(admin, pools=["rb"], pod_security=None)
+        assert await pool_key(k8s_api, k8s_namespace, "rb") == key_before
 
 
 async def test_a_pool_whose_image_cannot_start_backs_off_and_claims_fail_as_cold_starts(

@@ -1006,6 +1006,14 @@ async def _inventory(config: KubernetesConfig) -> tuple[KubernetesBackend, list[
     """Every Orchard pod and session Lease in the namespace, and the sessions still alive."""
     backend = KubernetesBackend(config, session_id="gc")
     await backend._load()
+    try:
+        return backend, *await _listed(backend, config)
+    except BaseException:
+        await backend._close_api()
+        raise
+
+
+async def _listed(backend: KubernetesBackend, config: KubernetesConfig) -> tuple[list[Pod], list[Lease], set[str]]:
     selector = f"{MANAGED_BY}=orchard"
     pods = _POD_LIST.decode(
         await (
@@ -1027,14 +1035,12 @@ async def _inventory(config: KubernetesConfig) -> tuple[KubernetesBackend, list[
             (await backend._call("get", backend._core.read_namespace, config.namespace)).release()
         except ApiException as exc:
             if exc.status == 404:
-                await backend._close_api()
                 raise refusal(exc, config.namespace, "read the namespace") from exc
             if exc.status != 403:  # a client Role may not read namespaces: then it cannot tell
-                await backend._close_api()
                 raise
     now = time.time()
     live = {lease.metadata.labels.get(SESSION_LABEL, "") for lease in leases if lease.alive(now)}
-    return backend, pods, leases, live
+    return pods, leases, live
 
 
 async def list_sandboxes(config: KubernetesConfig) -> list[dict[str, str]]:
@@ -1138,6 +1144,27 @@ async def _discover(api: Any) -> tuple[list[str], list[str], dict[str, str] | No
     return api_server, ranges, dns, missing
 
 
+async def _setup_namespace(backend: KubernetesBackend, pod_security: str | None, create: bool) -> None:
+    """Check that setup's namespace exists, or create it (labelled for ``pod_security``) when asked to."""
+    from kubernetes_asyncio import client
+    from kubernetes_asyncio.client.exceptions import ApiException
+
+    core = client.CoreV1Api(backend._api)
+    name = backend.config.namespace
+    try:
+        await core.read_namespace(name)
+    except ApiException as exc:
+        if exc.status != 404:
+            raise refusal(exc, name, "read the namespace") from exc
+        if not create:
+            raise ConfigError(
+                f'namespace "{name}" not found: create it (kubectl create namespace {name}), '
+                "or pass --create-namespace (create_namespace=True)"
+            ) from None
+        labels = pod_security_labels(pod_security) if pod_security is not None else {}
+        await core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name, labels=labels)))
+
+
 async def setup(
     config: KubernetesConfig,
     *,
@@ -1190,6 +1217,11 @@ async def setup(
     if not dry_run:
         backend = KubernetesBackend(config, session_id="setup")
         await backend._load()
+        try:
+            await _setup_namespace(backend, pod_security, create_namespace)
+        except BaseException:
+            await backend._close_api()
+            raise
         api_server, discovered, dns, missing = await _discover(backend._api)
         for what in missing:
             log.warning("orchard k8s setup: cannot find %s; pass the ranges to exclude in cluster_cidrs", what)
@@ -1242,14 +1274,6 @@ async def setup(
         "Secret": (core.create_namespaced_secret, None),  # an existing key stays: pods in the pool accept it
     }
     try:
-        try:
-            await core.read_namespace(config.namespace)
-        except ApiException as exc:
-            if exc.status != 404 or not create_namespace:
-                raise refusal(exc, config.namespace, "read the namespace") from exc
-            labels = objects[0]["metadata"]["labels"] if objects[0]["kind"] == "Namespace" else {}
-            meta = client.V1ObjectMeta(name=config.namespace, labels=labels)
-            await core.create_namespace(client.V1Namespace(metadata=meta))
         for obj in objects:
             if obj["kind"] == "Namespace":  # a merge patch: the namespace's other labels stay
                 await core.patch_namespace(config.namespace, {"metadata": {"labels": obj["metadata"]["labels"]}})
