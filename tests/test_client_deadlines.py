@@ -25,7 +25,7 @@ from orchard._rpc import ExecutorClient
 from orchard._sandbox import Sandbox
 from orchard._spec import SandboxSpec
 from orchard_executor.protocol import FRAME_HEADER, Info
-from support import host_pid_alive, read_pid, stopped
+from support import host_pid_alive, host_processes, read_pid, stopped, unisolated_ok
 
 pytestmark = pytest.mark.executor
 
@@ -318,6 +318,34 @@ async def test_closing_the_client_with_execs_in_flight_closes_everything(local_r
         await sb.aclose()  # still safe, and says nothing
     with pytest.raises(errors.SandboxClosed):
         await client.create()
+
+
+async def test_closing_the_client_during_a_create_fails_it_and_leaves_nothing(
+    local_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The start is held where it waits for its executor's ready line: the executor runs, the start has not ended.
+    from orchard._backends.local import LocalBackend
+
+    reached, never = asyncio.Event(), asyncio.Event()
+    read_ready = LocalBackend._read_ready
+
+    async def held(self: LocalBackend, *args: Any) -> int:
+        reached.set()
+        await never.wait()
+        return await read_ready(self, *args)
+
+    monkeypatch.setattr(LocalBackend, "_read_ready", held)
+    with unisolated_ok():
+        client = await orchard.Client(orchard.LocalConfig(root=str(local_root), isolation="none")).__aenter__()
+    creating = asyncio.create_task(client.create())
+    await bounded(reached.wait())
+    assert [argv for _, _, argv in host_processes() if str(local_root).encode() in b" ".join(argv)] != []
+    await bounded(client.aclose())
+    # It waited on, its backend closed under it (or failed as the fork server went, its executor left running).
+    with pytest.raises(errors.SandboxClosed, match="closed while the sandbox started"):
+        await asyncio.wait_for(creating, 10)
+    assert list(local_root.iterdir()) == []
+    assert [argv for _, _, argv in host_processes() if str(local_root).encode() in b" ".join(argv)] == []
 
 
 async def test_a_request_failed_while_a_cancel_is_swallowed_below_it_leaves_its_task_uncancelled() -> None:

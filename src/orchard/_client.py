@@ -95,6 +95,8 @@ class Client:
         self._owns_http = http_session is None
         self._starts = asyncio.Semaphore(max_concurrent_starts)
         self._live: dict[str, Sandbox] = {}
+        #: Cold starts in flight: closing the Client cancels them and waits until they have unwound.
+        self._starting: set[asyncio.Task[Sandbox]] = set()
         self._closed = False
         self._pools = {
             image: _warm.Pool(spec, size, functools.partial(self._start_cold, spec))
@@ -263,13 +265,45 @@ class Client:
         t0 = time.monotonic()
         tls = _tls.make_identity(sandbox_id) if backend.tls else None
         async with self._starts:
+            if self._closed:
+                raise SandboxClosed("this Client was closed while the sandbox waited to start", sandbox_id=sandbox_id)
             waited = time.monotonic() - t0
-            instance = await backend.start(
-                sandbox_spec, sandbox_id=sandbox_id, token_sha256=hashlib.sha256(token.encode()).hexdigest(), tls=tls
-            )
-        timings = {"queued": waited} | {k: v + waited for k, v in instance.timings.items()}
-        fingerprint = tls.fingerprint if tls is not None else None
-        return await self._open(backend, http, instance, sandbox_id, token, sandbox_spec, fingerprint, timings)
+
+            async def start() -> Sandbox:
+                instance = await backend.start(
+                    sandbox_spec,
+                    sandbox_id=sandbox_id,
+                    token_sha256=hashlib.sha256(token.encode()).hexdigest(),
+                    tls=tls,
+                )
+                timings = {"queued": waited} | {k: v + waited for k, v in instance.timings.items()}
+                fingerprint = tls.fingerprint if tls is not None else None
+                # Open in this Client even if it is closing: its aclose waits for this task, then closes it.
+                return self._opened(backend, http, instance, sandbox_id, token, sandbox_spec, fingerprint, timings)
+
+            return await self._closing_cancels(asyncio.ensure_future(start()), sandbox_id)
+
+    async def _closing_cancels(self, start: asyncio.Task[Sandbox], sandbox_id: str) -> Sandbox:
+        """Await a start that ``aclose`` cancels, and raise ``SandboxClosed`` once it has unwound if it does.
+
+        The start runs in a task of its own, so that closing the Client can
+        cancel it, and wait while the backend deletes what it had begun, before
+        the backend and the HTTP session it needs for that are closed.
+        """
+        caller = asyncio.current_task()
+        cancelling = caller.cancelling() if caller is not None else 0
+        self._starting.add(start)
+        start.add_done_callback(self._starting.discard)
+        closed = SandboxClosed("this Client was closed while the sandbox started", sandbox_id=sandbox_id)
+        try:
+            sb = await start
+        except asyncio.CancelledError:
+            if start.cancelled() and self._closed and (caller is None or caller.cancelling() == cancelling):
+                raise closed from None
+            raise  # the caller's own cancel
+        if self._closed:  # started as the Client closed, which closes it
+            raise closed
+        return sb
 
     async def _open(
         self,
@@ -282,10 +316,24 @@ class Client:
         fingerprint: bytes | None,
         timings: dict[str, float],
     ) -> Sandbox:
-        """The Sandbox of an instance just started or claimed, with its new token."""
-        if self._closed:  # closed while this one was starting: nobody would delete it
+        """The Sandbox of an instance just claimed, with its new token."""
+        if self._closed:  # closed while this one was claimed: nobody would delete it
             await instance.delete()
             raise SandboxClosed("this Client was closed while the sandbox started", sandbox_id=sandbox_id)
+        return self._opened(backend, http, instance, sandbox_id, token, spec, fingerprint, timings)
+
+    def _opened(
+        self,
+        backend: Backend,
+        http: aiohttp.ClientSession,
+        instance: Instance,
+        sandbox_id: str,
+        token: str,
+        spec: SandboxSpec,
+        fingerprint: bytes | None,
+        timings: dict[str, float],
+    ) -> Sandbox:
+        """The Sandbox of an instance just started or claimed, open in this Client (``_open`` without the check)."""
         fields = _handle.HandleFields(
             backend=backend.name,
             sandbox_id=sandbox_id,
@@ -434,12 +482,18 @@ class Client:
     async def aclose(self) -> None:
         """Delete every sandbox still open, then release the pool and backend.
 
-        Calls in flight on those sandboxes fail at once with ``SandboxClosed``.
+        Calls in flight on those sandboxes fail at once with ``SandboxClosed``;
+        so do creates in flight, once what they had begun is deleted.
         """
         if self._closed:
             return
         self._closed = True
+        starting = list(self._starting)
+        for start in starting:
+            start.cancel()
         await asyncio.gather(*(pool.aclose() for pool in self._pools.values()))
+        # Before the live ones are listed: a start that ended meanwhile put its sandbox among them.
+        await asyncio.gather(*starting, return_exceptions=True)
         live, self._live = list(self._live.values()), {}
         await asyncio.gather(*(sb.aclose() for sb in live), return_exceptions=True)
         if self._backend is not None:

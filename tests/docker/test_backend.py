@@ -164,6 +164,22 @@ async def test_closing_the_client_removes_every_container(docker_ready: str) -> 
     assert containers(f"orchard.dev/session={client.session_id}") == []
 
 
+async def test_closing_the_client_during_a_create_fails_it_and_removes_its_container(docker_ready: str) -> None:
+    client = orchard.Client("docker")
+    creating = asyncio.create_task(client.create(SWE))
+    session = f"orchard.dev/session={client.session_id}"
+
+    async def created() -> bool:
+        return bool(await asyncio.to_thread(containers, session))
+
+    await eventually(created, what="the sandbox's container exists")
+    await client.aclose()
+    # It was aiohttp's RuntimeError("Session is closed"), and the container was left behind.
+    with pytest.raises(orchard.errors.SandboxClosed, match="closed while the sandbox started"):
+        await asyncio.wait_for(creating, 30)
+    assert containers(session) == []
+
+
 async def test_ttl_ends_the_sandbox_with_the_reason(sandbox: SandboxFactory) -> None:
     sb = await sandbox(BUSYBOX, ttl=2)
     assert (await sb.exec(["true"])).ok
