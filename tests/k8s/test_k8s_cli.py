@@ -145,4 +145,8 @@ def test_a_missing_image_fails_the_demo_once_with_the_kubelets_reason(kubeconfig
     assert line.startswith("orchard demo: ")
     assert "ErrImagePull" in line or "ImagePullBackOff" in line, line
     assert image in line
+    assert line.endswith(
+        "; load the image into the nodes' container runtime (the dev cluster's up imports the images "
+        "scripts/docker-setup.sh builds) or push it to a registry the nodes reach"
+    )
     print(f"a missing image failed the demo in {took:.1f} s")

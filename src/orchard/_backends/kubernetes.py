@@ -82,6 +82,23 @@ def _status_message(body: Any) -> str:
         return f"{body!s:.500}"
 
 
+#: Waiting reasons that mean the node neither has the image nor can pull it.
+_IMAGE_REASONS = frozenset({"ErrImagePull", "ImagePullBackOff", "ErrImageNeverPull", "InvalidImageName"})
+
+
+def _start_failed(name: str, phase: Any) -> SandboxStartError:
+    """The error of a pod that will not start, with how to get the image where that is the reason."""
+    hint = ""
+    if phase.reason in _IMAGE_REASONS:
+        hint = (
+            "; load the image into the nodes' container runtime (the dev cluster's up imports the images "
+            "scripts/docker-setup.sh builds) or push it to a registry the nodes reach"
+        )
+    return SandboxStartError(
+        f"sandbox {name} failed to start: {phase.reason}: {phase.message}{hint}", sandbox_id=name, reason=phase.reason
+    )
+
+
 def _grant(namespace: str) -> str:
     return (
         "a cluster admin grants a client its rights with "
@@ -917,12 +934,7 @@ class KubernetesBackend:
             return_when=asyncio.FIRST_COMPLETED,
         )
         if tracked.failed in done and not tracked.running.done():
-            phase = tracked.failed.result()
-            raise SandboxStartError(
-                f"sandbox {tracked.name} failed to start: {phase.reason}: {phase.message}",
-                sandbox_id=tracked.name,
-                reason=phase.reason,
-            )
+            raise _start_failed(tracked.name, tracked.failed.result())
         if not done:
             stage = "scheduled" if "scheduled" not in tracked.timings else "running"
             # A runtime without user namespaces fails only in the kubelet's events, retried forever.
@@ -942,12 +954,7 @@ class KubernetesBackend:
         deadline = tracked.t0 + timeout
         for delay in _retry.poll_delays():
             if tracked.failed.done():
-                phase = tracked.failed.result()
-                raise SandboxStartError(
-                    f"sandbox {tracked.name} failed to start: {phase.reason}: {phase.message}",
-                    sandbox_id=tracked.name,
-                    reason=phase.reason,
-                )
+                raise _start_failed(tracked.name, tracked.failed.result())
             with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):
                 async with self._pool.get(
                     f"{base_url}/healthz", timeout=aiohttp.ClientTimeout(total=1.0), ssl=ssl
