@@ -6,6 +6,7 @@ processes; the handle reaches it on stdin (never argv, which ``ps`` shows).
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import pickle
@@ -111,6 +112,25 @@ async def test_closing_an_attached_sandbox_or_its_client_lets_go_without_deletin
         with pytest.raises(SandboxClosed):
             await sb3.exec("true")
         assert (await sb.exec("echo still")).stdout == "still\n"
+
+
+async def test_letting_go_of_an_attached_sandbox_ends_its_stream_in_flight(
+    creator: orchard.Client, attacher: orchard.Client
+) -> None:
+    async with creator.sandbox() as sb:
+        sb2 = await attacher.attach(sb.handle())
+        stream = sb2.exec_stream("while true; do echo tick; sleep 0.1; done")
+        await anext(stream)
+
+        async def drain() -> None:
+            async for _ in stream:
+                pass
+
+        await sb2.aclose()
+        # It streamed on (nothing deletes a sandbox that is not this client's), or under bubblewrap,
+        # whose sandboxes have a session of their own, ended with aiohttp's RuntimeError("Connection closed.").
+        with pytest.raises(SandboxClosed, match="closed while this call was in flight"):
+            await asyncio.wait_for(drain(), 5)
 
 
 async def test_an_attached_sandbox_is_traced_from_its_attach_to_its_letting_go(

@@ -7,12 +7,13 @@ import contextlib
 import hashlib
 import os
 import signal
+from typing import Any
 
 import pytest
 
 import orchard
 import orchard_executor
-from orchard import errors
+from orchard import ExitEvent, OutputEvent, errors
 from support import WAIT, eventually, read_pid, sandbox_pid_alive
 
 pytestmark = pytest.mark.executor
@@ -281,6 +282,32 @@ async def test_info_describes_the_executor(sb: orchard.Sandbox) -> None:
     assert (info.running_processes, info.sessions) == (1, 1)
     await p.kill()
     assert (await sb.info()).running_processes == 0
+
+
+async def test_calls_in_flight_when_the_sandbox_block_exits_fail_at_once(
+    client: orchard.Client, generic_image: tuple[str, dict[str, Any]]
+) -> None:
+    image, spec = generic_image
+    async with client.sandbox(image, **spec) as sb:
+        shell = await sb.shell()
+        stream = sb.exec_stream("echo started; exec sleep 300")
+        assert isinstance(await anext(stream), OutputEvent)
+
+        async def next_event() -> OutputEvent | ExitEvent:
+            return await anext(stream)
+
+        calls = {
+            "exec": asyncio.create_task(sb.exec("echo $$ > exec.pid; exec sleep 300")),
+            "shell": asyncio.create_task(shell.exec("echo $$ > shell.pid; sleep 300")),
+            "stream": asyncio.create_task(next_event()),
+        }
+        for name in ("exec", "shell"):
+            await read_pid(sb, f"{name}.pid")
+    results = await asyncio.wait_for(asyncio.gather(*calls.values(), return_exceptions=True), 5)
+    # The stream was not failed: it ended with its command's kill (an ExitEvent, local) or SandboxLost (docker).
+    assert {name: type(r).__name__ for name, r in zip(calls, results, strict=True)} == dict.fromkeys(
+        calls, "SandboxClosed"
+    ), results
 
 
 async def test_a_closed_sandbox_refuses_calls(sandbox: orchard.Sandbox) -> None:

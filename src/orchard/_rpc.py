@@ -149,6 +149,40 @@ class _Flight:
             self.task.uncancel()
 
 
+class _Stream:
+    """A streamed reply being read, to be cut if its sandbox closes or ends.
+
+    Used as ``with`` around the reading: failing it closes the reply, and the
+    error is raised where the ``with`` ends, whatever the cut reply raised.
+    (A generator belongs to no task, so it cannot be cancelled as a
+    ``_Flight`` is.)
+    """
+
+    __slots__ = ("_resp", "_streams", "error")
+
+    def __init__(self, streams: set[_Stream], resp: aiohttp.ClientResponse) -> None:
+        self._streams = streams
+        self._resp = resp
+        self.error: OrchardError | None = None
+
+    def fail(self, error: OrchardError) -> None:
+        if self.error is None:
+            self.error = error
+            self._resp.close()
+
+    def __enter__(self) -> _Stream:
+        self._streams.add(self)
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._streams.discard(self)
+        # Not over a cancel, nor over GeneratorExit: the reader left, and needs no error.
+        if self.error is not None and (exc_type is None or issubclass(exc_type, Exception)):
+            raise self.error from None
+
+
 class ExecutorClient:
     """Typed calls to one sandbox's executor, with retries, deadlines and error mapping.
 
@@ -190,6 +224,7 @@ class ExecutorClient:
         self._read_timeout = read_timeout
         self._liveness_timeout = liveness_timeout
         self._flights: set[_Flight] = set()
+        self._streams: set[_Stream] = set()
         self._watchdog: asyncio.Task[None] | None = None
         #: Loop time of the executor's last reply: proof that it was alive then.
         self._alive_at = 0.0
@@ -418,15 +453,16 @@ class ExecutorClient:
             async with self._session.get(
                 self._base + path, params=params, headers=self._headers, timeout=self._stream_timeout(), ssl=self._ssl
             ) as resp:
-                if resp.status >= 400:
-                    await self._raise_for(resp)
-                async for event in self._decoded(resp, _BYTE_FRAME):
-                    if isinstance(event, DataFrame):
-                        yield event.data
-                    elif isinstance(event, EndFrame):
-                        return
-                    elif isinstance(event, ErrorEvent):
-                        raise self._failed(event.error)
+                with _Stream(self._streams, resp):
+                    if resp.status >= 400:
+                        await self._raise_for(resp)
+                    async for event in self._decoded(resp, _BYTE_FRAME):
+                        if isinstance(event, DataFrame):
+                            yield event.data
+                        elif isinstance(event, EndFrame):
+                            return
+                        elif isinstance(event, ErrorEvent):
+                            raise self._failed(event.error)
             raise SandboxLost(
                 f"sandbox {self._sandbox_id}: the stream from {path} ended before its last frame",
                 sandbox_id=self._sandbox_id,
@@ -458,19 +494,20 @@ class ExecutorClient:
                 timeout=self._stream_timeout(),
                 ssl=self._ssl,
             ) as resp:
-                if source is not None:
-                    # The stdin may fail while the reply streams in: the connection is then closed,
-                    # which ends the reply here and kills the command there.
-                    source.on_error = resp.close
-                    if source.error is not None:
-                        resp.close()
-                if resp.status >= 400:
-                    await self._raise_for(resp)
-                async for event in self._decoded(resp, _STREAM_EVENT):
-                    if isinstance(event, ErrorEvent):
-                        raise self._failed(event.error)
-                    if not isinstance(event, HeartbeatEvent):
-                        yield event
+                with _Stream(self._streams, resp):
+                    if source is not None:
+                        # The stdin may fail while the reply streams in: the connection is then closed,
+                        # which ends the reply here and kills the command there.
+                        source.on_error = resp.close
+                        if source.error is not None:
+                            resp.close()
+                    if resp.status >= 400:
+                        await self._raise_for(resp)
+                    async for event in self._decoded(resp, _STREAM_EVENT):
+                        if isinstance(event, ErrorEvent):
+                            raise self._failed(event.error)
+                        if not isinstance(event, HeartbeatEvent):
+                            yield event
         except aiohttp.ServerTimeoutError:
             raise self._silent() from None
         except (*_retry.TRANSIENT, EOFError) as exc:
@@ -520,7 +557,7 @@ class ExecutorClient:
             raise self._ended()
 
     def ended(self, error: Callable[[], OrchardError]) -> None:
-        """The backend saw the sandbox end: fail the requests in flight with ``error()`` at once, and every later one.
+        """The backend saw the sandbox end: fail the requests and streams in flight with ``error()``, and every later one.
 
         Without it a request waits for its own deadline: a pod that vanished with its
         address takes no connection and refuses none, so a connect waits its whole timeout.
@@ -530,7 +567,7 @@ class ExecutorClient:
             self._fail_all(error)
 
     def close(self, why: str) -> None:
-        """Refuse new requests and fail those in flight with ``SandboxClosed`` at once."""
+        """Refuse new requests and fail those in flight, and the streams being read, with ``SandboxClosed`` at once."""
         self.closed = True
         self._fail_all(lambda: SandboxClosed(f"sandbox {self._sandbox_id}: {why}", sandbox_id=self._sandbox_id))
         if self._watchdog is not None:
@@ -541,6 +578,8 @@ class ExecutorClient:
         for flight in list(self._flights):
             if flight.task is not current:
                 flight.fail(error())
+        for stream in list(self._streams):
+            stream.fail(error())
 
     def _watch(self) -> _Flight:
         """Put the current task's request under the liveness watchdog and ``close``; use as ``with``.
