@@ -9,15 +9,17 @@ from __future__ import annotations
 
 import asyncio
 import os
+import secrets
 import signal
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 import orchard
 from orchard import errors
-from support import WAIT, agen, eventually, host_pid_alive, pattern_chunks, proc_stat, read_pid
+from support import WAIT, agen, eventually, host_pid_alive, host_processes, pattern_chunks, proc_stat, read_pid
 
 pytestmark = [
     pytest.mark.executor,
@@ -257,6 +259,28 @@ async def test_ttl_ends_the_sandbox(local_client: orchard.Client, local_root: Pa
         await eventually(ended, what="the sandbox ends at its ttl")
         assert lost[0].reason == "ttl"
         await eventually(lambda: executors_under(local_root) == [], what="the executor has exited")
+
+
+@pytest.mark.parametrize("isolation", ["none", "bwrap"])
+async def test_ttl_ends_a_command_in_flight(local_root: Path, isolation: str) -> None:
+    # README: ttl ends the sandbox "whatever it is doing".
+    argv = ["sleep", f"300.{secrets.randbelow(10**6):06d}"]  # found on the host by its argv, in any pid namespace
+    async with (
+        orchard.Client(orchard.LocalConfig(root=str(local_root), isolation=isolation)) as client,
+        client.sandbox(ttl=1) as sb,
+    ):
+        t0 = time.monotonic()
+        command = asyncio.create_task(sb.exec(argv))
+
+        def running() -> bool:
+            return any(seen == [a.encode() for a in argv] for _, _, seen in host_processes())
+
+        await eventually(running, timeout=1, what="the command runs")
+        with pytest.raises(errors.SandboxLost) as info:
+            await asyncio.wait_for(command, 10)
+        assert info.value.reason == "ttl"
+        assert time.monotonic() - t0 < 4
+        assert not running()
 
 
 async def test_a_timeout_kills_grandchildren_seen_from_the_host(local_client: orchard.Client) -> None:
