@@ -64,7 +64,7 @@ def test_secure_defaults() -> None:
     assert spec["automountServiceAccountToken"] is False
     assert spec["enableServiceLinks"] is False
     assert spec["restartPolicy"] == "Never"
-    assert spec["terminationGracePeriodSeconds"] <= 2
+    assert spec["terminationGracePeriodSeconds"] == 1  # README: "a 1 s grace period"
     (container,) = spec["containers"]
     # The pod carries the token's hash only.
     env = {e["name"]: e["value"] for e in container["env"]}
