@@ -103,10 +103,11 @@ async def test_fifty_sandboxes_in_parallel_leave_nothing(
         requests = dict(backend.api_requests)
     assert outputs == [f"{i}\n" for i in range(50)]
     # Two writes per sandbox lifecycle, plus the session's lease and README's "ONE label-selected watch per
-    # Client" (a watch lasts 300 s, far longer than this test: it is never renewed here).
+    # Client": one stream, re-opened when the API server ends it (twice in a CI run under load, where
+    # exactly one was asserted), never one per sandbox, which would be 50.
     assert requests["create"] == 50
     assert requests["delete"] == 50
-    assert requests["watch"] == 1
+    assert 1 <= requests["watch"] <= 3
     await wait_no_pods(k8s_api, k8s_namespace)
 
 
