@@ -10,14 +10,17 @@ from orchard._backends import KubernetesConfig, make_config
 from orchard._backends.k8s_pod import (
     CLIENT_LABEL,
     DEFAULT_CAPABILITIES,
+    EXPIRES_ANNOTATION,
     INIT_CONTAINER,
     MANAGED_BY,
     SANDBOX_LABEL,
     SESSION_LABEL,
     SHM_VOLUME,
+    TOOLS_CONTAINER,
     Pod,
     classify,
     egress_exceptions,
+    garbage_reason,
     network_policies,
     pod_manifest,
     pod_security_labels,
@@ -280,6 +283,66 @@ def test_classify_evicted_through_the_eviction_api() -> None:
     assert "EvictionByEvictionAPI" in phase.message
 
 
+def test_a_failed_pod_still_says_how_far_it_got() -> None:
+    # Bound to a node (spec.nodeName, no PodScheduled condition yet), initialized, with an IP: then OOM-killed.
+    oom = msgspec.convert(
+        {
+            "spec": {"nodeName": "node-1"},
+            "status": {
+                "phase": "Failed",
+                "podIP": "10.88.0.7",
+                "conditions": [{"type": "Initialized", "status": "True"}],
+                "containerStatuses": [{"state": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}}],
+            },
+        },
+        Pod,
+    )
+    phase = classify(oom)
+    assert (phase.state, phase.reason) == ("failed", "OOMKilled")
+    assert (phase.pod_ip, phase.scheduled, phase.initialized) == ("10.88.0.7", True, True)
+
+
+@pytest.mark.parametrize(("name", "which"), [(TOOLS_CONTAINER, "tools init container"), ("inject", "injector")])
+def test_an_init_container_image_that_cannot_be_pulled_fails_the_pod_and_names_the_container(
+    name: str, which: str
+) -> None:
+    waiting = {"waiting": {"reason": "ImagePullBackOff", "message": "pull access denied"}}
+    phase = classify(pod({"initContainerStatuses": [{"name": name, "state": waiting}]}))
+    assert (phase.state, phase.reason) == ("failed", "ImagePullBackOff")
+    assert phase.message.startswith(which)
+    assert phase.message.endswith(": pull access denied")
+
+
+def test_init_containers_that_run_or_succeeded_and_a_container_without_an_ip_are_still_pending() -> None:
+    status = {
+        "phase": "Pending",
+        "initContainerStatuses": [
+            {"name": "inject", "state": {"terminated": {"exitCode": 0, "reason": "Completed"}}},
+            {"name": TOOLS_CONTAINER, "state": {"running": {"startedAt": "now"}}},
+        ],
+    }
+    assert classify(pod(status)).state == "pending"
+    no_ip = {"phase": "Pending", "containerStatuses": [{"state": {"running": {"startedAt": "now"}}}]}
+    assert classify(pod(no_ip)).state == "pending"
+
+
+def test_gc_deletes_finished_expired_and_orphaned_pods_and_keeps_the_rest() -> None:
+    def reason(phase: str = "Running", expires: str | None = None, session: str | None = "live") -> str | None:
+        labels = {SESSION_LABEL: session} if session is not None else {}
+        annotations = {EXPIRES_ANNOTATION: expires} if expires is not None else {}
+        p = pod({"phase": phase}, metadata={"labels": labels, "annotations": annotations})
+        return garbage_reason(p, now=1000.0, live_sessions={"live"})
+
+    assert reason() is None
+    assert reason(phase="Succeeded") == reason(phase="Failed") == "finished"
+    assert reason(expires="999.5") == "expired"
+    assert reason(expires="1000.5") is None
+    assert reason(session="gone") == reason(session=None) == "orphaned"
+    # Finished wins over the rest; expired over orphaned.
+    assert reason(phase="Failed", expires="1", session="gone") == "finished"
+    assert reason(expires="1", session="gone") == "expired"
+
+
 # -- Hardening: what a pod may do, and what the setup policies let through --
 
 BASELINE_CAPS = {
@@ -428,6 +491,8 @@ def test_network_egress_excludes_metadata_api_server_and_cluster_ranges() -> Non
     assert (
         egress_exceptions(api_server=["10.0.0.5"], cluster_cidrs=[], allow_api_server=True, allow_metadata=True) == []
     )
+    # A cluster CIDR written with host bits (as a cluster may report it) is the network it names.
+    assert egress_exceptions(api_server=[], cluster_cidrs=["10.96.0.1/12"], allow_metadata=True) == ["10.96.0.0/12"]
 
 
 def test_pool_names_are_dns_labels_short_enough_for_every_name_built_from_them() -> None:
