@@ -17,6 +17,7 @@ def test_polls_fast_at_first_then_back_off_to_the_cap() -> None:
     fast = [d for d, t in zip(delays, elapsed, strict=True) if t <= 0.5 + 1e-9]
     assert len(fast) == 50
     assert set(fast) == {0.01}  # a quick executor is seen within 10 ms
+    assert delays[50:54] == [0.02, 0.04, 0.08, 0.1]  # then doubling, from the first poll after 0.5 s
     assert delays == sorted(delays)  # never faster again once it backs off
     assert max(delays) == 0.1
     assert delays[-1] == 0.1
