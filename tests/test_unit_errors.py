@@ -110,6 +110,14 @@ def test_executor_error_path_override() -> None:
     assert exc.error.path == "/given"
 
 
+def test_executor_error_message_is_the_os_reason_and_the_path() -> None:
+    exc = executor_errors.ExecutorError.from_os_error(OSError(errno.ENOENT, "No such file or directory", "/f"))
+    assert (exc.error.message, str(exc)) == ("No such file or directory: /f", "No such file or directory: /f")
+    # No errno and no path: internal, with the error's own text.
+    bare = executor_errors.ExecutorError.from_os_error(OSError("the device went away"))
+    assert (bare.error.code, bare.error.message, bare.error.path) == ("internal", "the device went away", None)
+
+
 @pytest.mark.parametrize(
     ("option", "value"), [("read_timeout", 0), ("liveness_timeout", -1.0), ("read_timeout", float("nan"))]
 )
