@@ -43,6 +43,7 @@ import asyncio
 import contextlib
 import json
 import os
+import random
 import re
 import socket
 import tempfile
@@ -326,14 +327,22 @@ def garbage_reason(container: ContainerSummary, now: float, hostname: str) -> st
 # -- Networks --
 
 
+#: How long a client refused while creating Orchard's network waits for, and retries, the one that won.
+NETWORK_RACE_SECONDS = 10.0
+
+
 async def ensure_network(engine: Engine, name: str, bridge: str, *, egress: bool) -> str:
     """The id of a network for sandboxes with (or without) egress, ICC off, created if missing.
 
-    Safe to race: of two clients creating it at once, one fails on the bridge name
-    and takes the other's network.
+    Safe to race: of clients creating it at once, those refused on the name or the bridge
+    take the network that won. The engine may refuse one before the winner is listed, or
+    refuse every one of them (each conflicting with another still being made): a refused
+    client lists again, and tries again, for a few seconds.
     """
     found = await engine.networks(name)
-    if not found:
+    deadline = time.monotonic() + NETWORK_RACE_SECONDS
+    refused: DockerError | None = None
+    while not found:
         body = {
             "Name": name,
             "Driver": "bridge",
@@ -342,17 +351,19 @@ async def ensure_network(engine: Engine, name: str, bridge: str, *, egress: bool
             "Options": {_ICC: "false", _BRIDGE: bridge},
             "Labels": {ROLE_LABEL: "network"},
         }
-        refused: DockerError | None = None
         try:
             await engine.request("POST", "/networks/create", body=body)
         except DockerError as exc:
             if exc.status == 0:
                 raise
-            refused = exc  # most likely another client made it first (same name or bridge): use theirs
+            refused = exc  # most likely another client is making it (same name or bridge): use theirs
         found = await engine.networks(name)
-        if not found:
+        if not found and (refused is None or time.monotonic() > deadline):
             message = refused.message if refused else "it is not listed after its creation"
             raise SandboxStartError(f"cannot create the Docker network {name!r}: {message}", reason="NetworkError")
+        if not found:
+            await asyncio.sleep(random.uniform(0.05, 0.2))
+            found = await engine.networks(name)
     network: Network = min(found, key=lambda n: (n.created, n.id))
     if network.internal == egress or (network.options or {}).get(_ICC) != "false":
         raise SandboxStartError(
