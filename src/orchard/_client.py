@@ -251,7 +251,10 @@ class Client:
             return None
         instance, fingerprint = claimed
         timings = instance.timings | {"claim": time.monotonic() - t0}  # the claim's steps, then its whole
-        return await self._open(backend, http, instance, instance.name, token, sandbox_spec, fingerprint, timings)
+        if self._closed:  # closed while this one was claimed: nobody would delete it
+            await instance.delete()
+            raise SandboxClosed("this Client was closed while the sandbox started", sandbox_id=instance.name)
+        return self._open(backend, http, instance, instance.name, token, sandbox_spec, fingerprint, timings)
 
     async def _start_cold(self, sandbox_spec: SandboxSpec, sandbox_id: str | None = None) -> Sandbox:
         backend, http = await self._ensure_open()
@@ -279,7 +282,7 @@ class Client:
                 timings = {"queued": waited} | {k: v + waited for k, v in instance.timings.items()}
                 fingerprint = tls.fingerprint if tls is not None else None
                 # Open in this Client even if it is closing: its aclose waits for this task, then closes it.
-                return self._opened(backend, http, instance, sandbox_id, token, sandbox_spec, fingerprint, timings)
+                return self._open(backend, http, instance, sandbox_id, token, sandbox_spec, fingerprint, timings)
 
             return await self._closing_cancels(asyncio.ensure_future(start()), sandbox_id)
 
@@ -305,7 +308,7 @@ class Client:
             raise closed
         return sb
 
-    async def _open(
+    def _open(
         self,
         backend: Backend,
         http: aiohttp.ClientSession,
@@ -316,24 +319,7 @@ class Client:
         fingerprint: bytes | None,
         timings: dict[str, float],
     ) -> Sandbox:
-        """The Sandbox of an instance just claimed, with its new token."""
-        if self._closed:  # closed while this one was claimed: nobody would delete it
-            await instance.delete()
-            raise SandboxClosed("this Client was closed while the sandbox started", sandbox_id=sandbox_id)
-        return self._opened(backend, http, instance, sandbox_id, token, spec, fingerprint, timings)
-
-    def _opened(
-        self,
-        backend: Backend,
-        http: aiohttp.ClientSession,
-        instance: Instance,
-        sandbox_id: str,
-        token: str,
-        spec: SandboxSpec,
-        fingerprint: bytes | None,
-        timings: dict[str, float],
-    ) -> Sandbox:
-        """The Sandbox of an instance just started or claimed, open in this Client (``_open`` without the check)."""
+        """The Sandbox of an instance just started or claimed, open in this Client, with its new token."""
         fields = _handle.HandleFields(
             backend=backend.name,
             sandbox_id=sandbox_id,
