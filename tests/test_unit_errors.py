@@ -67,7 +67,9 @@ def test_client_side_errors_are_their_builtins_too() -> None:
     assert issubclass(errors.SandboxClosed, RuntimeError)
     assert issubclass(errors.SandboxStartError, RuntimeError)
     lost = errors.SandboxLost("gone", sandbox_id="sb-2", reason="OOMKilled")
-    assert (lost.sandbox_id, lost.reason) == ("sb-2", "OOMKilled")
+    assert (lost.sandbox_id, lost.reason, str(lost)) == ("sb-2", "OOMKilled", "gone")
+    unsafe = errors.UnsafeArchive("refused", member="a/../../etc", rule="path", sandbox_id="sb-3")
+    assert (unsafe.member, unsafe.rule, unsafe.sandbox_id, str(unsafe)) == ("a/../../etc", "path", "sb-3", "refused")
     assert issubclass(errors.ProtocolError, ConnectionError)
     for cls in (
         errors.ConfigError,
