@@ -17,6 +17,7 @@ from orchard._backends.k8s_pod import (
     SESSION_LABEL,
     SHM_VOLUME,
     TOOLS_CONTAINER,
+    Phase,
     Pod,
     classify,
     egress_exceptions,
@@ -324,6 +325,186 @@ def test_init_containers_that_run_or_succeeded_and_a_container_without_an_ip_are
     assert classify(pod(status)).state == "pending"
     no_ip = {"phase": "Pending", "containerStatuses": [{"state": {"running": {"startedAt": "now"}}}]}
     assert classify(pod(no_ip)).state == "pending"
+
+
+DELETING = {"deletionTimestamp": "2026-01-01T00:00:00Z"}
+
+
+def terminated(exit_code: int, **fields: str) -> dict[str, Any]:
+    return {"state": {"terminated": {"exitCode": exit_code, **fields}}}
+
+
+@pytest.mark.parametrize(
+    ("status", "metadata", "reason", "message"),
+    [
+        # Deleted under the client: by an eviction (its reason and message, or a default), or by someone else.
+        (
+            {
+                "phase": "Running",
+                "conditions": [{"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"}],
+            },
+            DELETING,
+            "Evicted",
+            "PreemptionByScheduler: the pod was evicted",
+        ),
+        (
+            {
+                "phase": "Running",
+                "conditions": [
+                    {
+                        "type": "DisruptionTarget",
+                        "status": "True",
+                        "reason": "TerminationByKubelet",
+                        "message": "The node was low on resource: memory.",
+                    }
+                ],
+            },
+            DELETING,
+            "Evicted",
+            "TerminationByKubelet: The node was low on resource: memory.",
+        ),
+        ({"phase": "Running"}, DELETING, "Deleted", "the pod is being deleted"),
+        (
+            {"phase": "Running", "conditions": [{"type": "DisruptionTarget", "status": "False", "reason": "X"}]},
+            DELETING,
+            "Deleted",
+            "the pod is being deleted",
+        ),
+        # Ended: the pod's own reason and message, or its phase.
+        ({"phase": "Failed", "reason": "DeadlineExceeded"}, {}, "DeadlineExceeded", "the pod is Failed"),
+        (
+            {"phase": "Failed", "reason": "Evicted", "message": "The node was low on resource: memory."},
+            {},
+            "Evicted",
+            "The node was low on resource: memory.",
+        ),
+        ({"phase": "Succeeded"}, {}, "Succeeded", "the pod is Succeeded"),
+        ({"phase": "Failed"}, {}, "Failed", "the pod is Failed"),
+        (
+            {"phase": "Failed", "message": "Pod was rejected: node(s) had taints"},
+            {},
+            "Failed",
+            "Pod was rejected: node(s) had taints",
+        ),
+        # Ended with the sandbox container: its reason and termination message.
+        (
+            {"phase": "Failed", "containerStatuses": [terminated(1, reason="Error")]},
+            {},
+            "Error",
+            "the sandbox container ended (Error, exit code 1)",
+        ),
+        (
+            {"phase": "Failed", "containerStatuses": [terminated(1, reason="Error", message="panic: boom")]},
+            {},
+            "Error",
+            "panic: boom",
+        ),
+        # The container ended before the pod's phase says so.
+        (
+            {"phase": "Running", "containerStatuses": [terminated(2, reason="Error")]},
+            {},
+            "Error",
+            "the sandbox container ended (Error, exit code 2)",
+        ),
+        (
+            {"phase": "Running", "containerStatuses": [terminated(2, reason="Error", message="panic: boom")]},
+            {},
+            "Error",
+            "panic: boom",
+        ),
+        # Never scheduled.
+        (
+            {"conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]},
+            {},
+            "Unschedulable",
+            "no node can run this pod",
+        ),
+        (
+            {
+                "conditions": [
+                    {
+                        "type": "PodScheduled",
+                        "status": "False",
+                        "reason": "Unschedulable",
+                        "message": "0/3 nodes are available: 3 Insufficient cpu.",
+                    }
+                ]
+            },
+            {},
+            "Unschedulable",
+            "0/3 nodes are available: 3 Insufficient cpu.",
+        ),
+        # An init container failed: which one, its exit code, and what it said.
+        (
+            {"initContainerStatuses": [{"name": "inject", **terminated(3)}]},
+            {},
+            "InitFailed",
+            "injector init container exited 3: ",
+        ),
+        (
+            {"initContainerStatuses": [{"name": "inject", **terminated(1, reason="Error")}]},
+            {},
+            "InitFailed",
+            "injector init container exited 1: Error",
+        ),
+        (
+            {
+                "initContainerStatuses": [
+                    {"name": "inject", **terminated(1, reason="Error", message="cp: No space left")}
+                ]
+            },
+            {},
+            "InitFailed",
+            "injector init container exited 1: cp: No space left",
+        ),
+        (
+            {"initContainerStatuses": [{"name": TOOLS_CONTAINER, **terminated(1, message="cp: No space left")}]},
+            {},
+            "InitFailed",
+            "tools init container (tools=[...]) exited 1: cp: No space left",
+        ),
+        (
+            {"initContainerStatuses": [{"name": "inject", "state": {"waiting": {"reason": "ErrImagePull"}}}]},
+            {},
+            "ErrImagePull",
+            "injector init container: ErrImagePull",
+        ),
+        # The sandbox container cannot start: the kubelet's message, or its reason.
+        (
+            {"containerStatuses": [{"state": {"waiting": {"reason": "ErrImagePull", "message": "manifest unknown"}}}]},
+            {},
+            "ErrImagePull",
+            "manifest unknown",
+        ),
+        (
+            {"containerStatuses": [{"state": {"waiting": {"reason": "ImagePullBackOff"}}}]},
+            {},
+            "ImagePullBackOff",
+            "ImagePullBackOff",
+        ),
+    ],
+)
+def test_a_failed_pod_says_why_in_words(
+    status: dict[str, Any], metadata: dict[str, Any], reason: str, message: str
+) -> None:
+    assert classify(pod(status, metadata=metadata)) == Phase("failed", reason, message)
+
+
+def test_a_container_that_ended_without_a_reason_is_named_by_its_exit_code() -> None:
+    for phase in ("Failed", "Running"):
+        got = classify(pod({"phase": phase, "containerStatuses": [terminated(137)]}))
+        assert (got.state, got.reason) == ("failed", "exit code 137")
+        assert got.message.startswith("the sandbox container ended (exit code 137")
+
+
+def test_running_and_pending_say_whether_the_pod_was_scheduled_and_initialized() -> None:
+    conditions = [{"type": "PodScheduled", "status": "True"}, {"type": "Initialized", "status": "True"}]
+    running = {"phase": "Running", "podIP": "10.88.0.7", "conditions": conditions}
+    running["containerStatuses"] = [{"name": "sandbox", "state": {"running": {"startedAt": "now"}}}]
+    assert classify(pod(running)) == Phase("running", pod_ip="10.88.0.7", scheduled=True, initialized=True)
+    creating = {"containerStatuses": [{"name": "sandbox", "state": {"waiting": {"reason": "ContainerCreating"}}}]}
+    assert classify(pod({"conditions": conditions, **creating})) == Phase("pending", scheduled=True, initialized=True)
+    assert classify(pod(creating)) == Phase("pending", scheduled=False, initialized=False)
 
 
 def test_gc_deletes_finished_expired_and_orphaned_pods_and_keeps_the_rest() -> None:
