@@ -24,6 +24,16 @@ def test_no_kubeconfig_says_which_file_is_missing_and_how_to_pass_one(tmp_path: 
     assert run.stderr.startswith("orchard gc: no kubeconfig: ~/.kube/config does not exist: pass kubeconfig=PATH")
 
 
+def test_a_malformed_kubeconfig_is_one_line_naming_the_file_and_where_it_breaks(tmp_path: Path) -> None:
+    bad = tmp_path / "kubeconfig"
+    bad.write_text("apiVersion: v1\nclusters: [\n  - {name: x\n")
+    run = orchard_cli("ls", "--kubeconfig", str(bad))
+    assert (run.returncode, run.stdout) == (1, "")
+    [line] = run.stderr.splitlines()  # the YAML parser's error spans three lines
+    assert line.startswith(f"orchard ls: cannot load Kubernetes credentials (kubeconfig='{bad}', context=None): ")
+    assert f'in "{bad}", line 3, column 3' in line
+
+
 def test_no_docker_engine_names_the_address_and_the_fix(tmp_path: Path) -> None:
     sock = tmp_path / "docker.sock"
     run = orchard_cli("ls", "--backend", "docker", env={"DOCKER_HOST": f"unix://{sock}"}, timeout=30)

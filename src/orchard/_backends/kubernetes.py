@@ -364,9 +364,10 @@ class KubernetesBackend:
                     config_file=self.config.kubeconfig, context=self.config.context, client_configuration=cfg
                 )
         except Exception as exc:
+            why = " ".join(str(exc).split())  # one line: a YAML error spans three
             raise ConfigError(
                 f"cannot load Kubernetes credentials (kubeconfig={self.config.kubeconfig!r}, "
-                f"context={self.config.context!r}): {exc}"
+                f"context={self.config.context!r}): {why}"
             ) from exc
         self._api = client.ApiClient(configuration=cfg)
         self._core = client.CoreV1Api(self._api)
