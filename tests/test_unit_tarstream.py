@@ -7,6 +7,7 @@ exactly as it was.
 
 from __future__ import annotations
 
+import errno
 import gzip
 import io
 import os
@@ -304,3 +305,125 @@ def test_a_file_swapped_for_a_fifo_or_symlink_is_refused_without_blocking(tmp_pa
             assert info.value.rule == "changed"
     finally:
         os.close(dir_fd)
+
+
+def pax_member(name: str, pax: dict[str, str], data: bytes = b"", **attrs: object) -> Member:
+    """A member whose pax header overrides its name or link target, which may then hold anything (a NUL)."""
+    info, body = member(name, data, **attrs)
+    info.pax_headers = pax
+    return info, body
+
+
+#: Bad names and hardlink targets: the rule, the member named, and the message the user reads.
+BAD_NAMES: dict[str, tuple[list[Member], str, str, str]] = {
+    "nul-in-name": (
+        [pax_member("evil", {"path": "evil\0name"}, b"x")],
+        "path",
+        "evil\0name",
+        "tar member 'evil\\x00name' has a NUL byte in its name",
+    ),
+    "nul-in-hardlink-target": (
+        [pax_member("h", {"linkpath": "good.txt\0"}, type=tarfile.LNKTYPE)],
+        "link",
+        "h",
+        "tar member 'h' has a NUL byte in its hardlink target",
+    ),
+    "absolute-name": (
+        [member("/abs-escaped.txt", b"x")],
+        "path",
+        "/abs-escaped.txt",
+        "tar member '/abs-escaped.txt' has an absolute name '/abs-escaped.txt'",
+    ),
+    "dotdot-name": (
+        [member("inner/../../escaped.txt", b"x")],
+        "path",
+        "inner/../../escaped.txt",
+        "tar member 'inner/../../escaped.txt' has '..' in its name 'inner/../../escaped.txt'",
+    ),
+    "absolute-hardlink-target": (
+        [member("hard", type=tarfile.LNKTYPE, linkname="/etc/passwd")],
+        "link",
+        "hard",
+        "tar member 'hard' has an absolute hardlink target '/etc/passwd'",
+    ),
+    "dotdot-hardlink-target": (
+        [member("hard", type=tarfile.LNKTYPE, linkname="sub/../../outside-target")],
+        "link",
+        "hard",
+        "tar member 'hard' has '..' in its hardlink target 'sub/../../outside-target'",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_NAMES))
+async def test_a_bad_name_or_hardlink_target_is_refused_with_its_reason(tmp_path: Path, dest: Path, case: str) -> None:
+    evil, rule, name, message = BAD_NAMES[case]
+    data = tar_bytes([member("good.txt", b"good"), *evil], tarfile.PAX_FORMAT)
+    before = snapshot(tmp_path)
+    with pytest.raises(tarstream.Refused) as info:
+        await tarstream.extract(chunks(data), str(dest))
+    assert (info.value.rule, info.value.member, str(info.value)) == (rule, name, message)
+    assert snapshot(tmp_path) == before
+
+
+async def test_names_are_taken_without_empty_and_dot_components(tmp_path: Path) -> None:
+    # As GNU tar writes them ("./" first), and with doubled slashes: the same paths as the plain names,
+    # so a hardlink may name its target either way, and "." is the destination, whose mode stays its own.
+    data = tar_bytes(
+        [
+            member(".", type=tarfile.DIRTYPE, mode=0o700),
+            member("./dir//f", b"data"),
+            member("h1", type=tarfile.LNKTYPE, linkname="dir/f"),
+            member("./h2", type=tarfile.LNKTYPE, linkname="./dir/./f"),
+            member("dir//./h3", type=tarfile.LNKTYPE, linkname="dir//f"),
+        ]
+    )
+    out = tmp_path / "out"
+    await tarstream.extract(chunks(data), str(out))
+    assert sorted(os.listdir(out)) == ["dir", "h1", "h2"]
+    assert sorted(os.listdir(out / "dir")) == ["f", "h3"]
+    inode = os.stat(out / "dir" / "f").st_ino
+    assert [os.stat(out / n).st_ino for n in ("h1", "h2", "dir/h3")] == [inode] * 3
+    assert stat.S_IMODE(os.stat(out).st_mode) == 0o755
+
+
+async def test_a_restore_writes_nested_members_under_a_destination_whose_name_ends_in_a_space(
+    tmp_path: Path,
+) -> None:
+    # The destination's own path, not its name with the blanks trimmed, is what members must lie under.
+    data = tar_bytes([member("d", type=tarfile.DIRTYPE, mode=0o755), member("d/f", b"nested")])
+    out = tmp_path / "snap "
+    await tarstream.extract(chunks(data), str(out), restore=True)
+    assert (out / "d" / "f").read_bytes() == b"nested"
+
+
+#: Streams meeting a non-directory with a directory (or the reverse) in the destination:
+#: the path of the clash. The clash is beside many new files, which must not be written either.
+CLASHES: dict[str, tuple[list[Member], str]] = {
+    "file-over-directory": ([member("sub", b"a file")], "sub"),
+    "directory-over-file": ([member("keep.txt/inner.txt", b"x")], "keep.txt"),
+    "empty-directory-over-file": ([member("keep.txt", type=tarfile.DIRTYPE, mode=0o755)], "keep.txt"),
+    "nested": (
+        [*(member(f"sub/new-{i:03}.txt", b"new") for i in range(50)), member("sub/old.txt/inner.txt", b"x")],
+        "sub/old.txt",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CLASHES))
+async def test_a_clash_with_the_destination_is_refused_before_anything_moves(
+    tmp_path: Path, dest: Path, case: str
+) -> None:
+    clash, where = CLASHES[case]
+    data = tar_bytes([*(member(f"new-{i:03}.txt", b"new") for i in range(100)), *clash])
+    before = snapshot(tmp_path)
+    with pytest.raises(OSError, match="a directory and a non-directory") as info:
+        await tarstream.extract(chunks(data), str(dest))
+    exc = info.value
+    assert type(exc) is FileExistsError
+    assert (exc.errno, exc.strerror, exc.filename) == (
+        errno.EEXIST,
+        "a directory and a non-directory of the same name",
+        str(dest / where),
+    )
+    assert snapshot(tmp_path) == before
