@@ -318,3 +318,62 @@ async def test_a_closed_sandbox_refuses_calls(sandbox: orchard.Sandbox) -> None:
         await sb.exec(["true"])
     with pytest.raises(errors.SandboxClosed):
         await sb.read_file("x")
+
+
+async def test_a_command_that_cannot_start_is_reported_with_its_reason_and_path(sb: orchard.Sandbox) -> None:
+    """What exec raises when the program cannot be started: the class, code, message and path a user reads."""
+    workdir = (await sb.info()).cwd
+    await sb.write_file("script.sh", "#!/bin/sh\necho hi\n", mode=0o644)
+    await sb.write_file("empty", b"", mode=0o755)  # executable, but no format the kernel runs
+    not_found = "was not found in the sandbox"
+    cases: list[tuple[dict[str, Any], type[errors.ExecutorError], str, str, str]] = [
+        (
+            {"cmd": ["no-such-program-xyz", "arg"]},
+            errors.CommandNotFound,
+            "command_not_found",
+            f"'no-such-program-xyz' {not_found}",
+            "no-such-program-xyz",
+        ),
+        (
+            {"cmd": "true", "shell": "/no/such/shell"},
+            errors.CommandNotFound,
+            "command_not_found",
+            f"'/no/such/shell' {not_found} (a string cmd needs a shell; pass an argv list instead)",
+            "/no/such/shell",
+        ),
+        (
+            {"cmd": ["true", "arg"], "shell": "/no/such/shell", "login": True},
+            errors.CommandNotFound,
+            "command_not_found",
+            f"'/no/such/shell' {not_found} (login=True needs a shell, bash or /bin/sh, in the sandbox)",
+            "/no/such/shell",
+        ),
+        (
+            {"cmd": ["true"], "cwd": "no-such-dir"},
+            errors.PathNotFound,
+            "file_not_found",
+            f"working directory {os.path.join(workdir, 'no-such-dir')!r} does not exist",
+            os.path.join(workdir, "no-such-dir"),
+        ),
+        (
+            {"cmd": ["./script.sh", "arg"]},
+            errors.PermissionDenied,
+            "permission_denied",
+            "cannot execute './script.sh': Permission denied",
+            "./script.sh",
+        ),
+        (
+            {"cmd": ["./empty", "arg"]},
+            errors.InvalidRequest,
+            "bad_request",
+            "cannot execute './empty': [Errno 8] Exec format error: './empty'",
+            "./empty",
+        ),
+    ]
+    for kwargs, cls, code, message, path in cases:
+        with pytest.raises(errors.ExecutorError) as info:
+            await sb.exec(**kwargs)
+        exc = info.value
+        assert (type(exc), exc.code, str(exc), exc.path) == (cls, code, message, path), kwargs
+        assert exc.sandbox_id == sb.id
+    assert (await sb.exec(["true"])).ok  # the sandbox is fine afterwards
