@@ -1,11 +1,15 @@
 """The pod manifest builder and the pod-status reader, without a cluster."""
 
+import datetime
 import ipaddress
+import re
 from typing import Any
 
 import msgspec
 import pytest
+from kubernetes_asyncio import client as k8s
 
+from orchard import _tools
 from orchard._backends import KubernetesConfig, make_config
 from orchard._backends.k8s_pod import (
     CLIENT_LABEL,
@@ -13,20 +17,24 @@ from orchard._backends.k8s_pod import (
     EXPIRES_ANNOTATION,
     INIT_CONTAINER,
     MANAGED_BY,
+    NETWORK_LABEL,
     SANDBOX_LABEL,
     SESSION_LABEL,
     SHM_VOLUME,
     TOOLS_CONTAINER,
+    Lease,
     Phase,
     Pod,
     classify,
+    client_role,
     egress_exceptions,
     garbage_reason,
+    lease_manifest,
     network_policies,
     pod_manifest,
     pod_security_labels,
 )
-from orchard._backends.kubernetes import pod_options
+from orchard._backends.kubernetes import pod_options, setup
 from orchard._spec import make_spec
 from orchard.errors import ConfigError
 
@@ -41,6 +49,7 @@ POD_OPTIONS = (
     "user_namespaces",
     "tls_pem",
     "image_volumes",
+    "owner",
 )
 
 
@@ -752,3 +761,280 @@ def test_pool_keep_refuses_bad_options_before_touching_a_cluster(
     argv += ["--max-starting", options["--max-starting"], "--kubeconfig", "/nonexistent"]
     assert main(argv) == 2
     assert message in capsys.readouterr().err
+
+
+# -- Every object Orchard writes is one the Kubernetes API takes as meant --
+
+
+def api_object(data: Any, kind: str) -> Any:
+    """``data`` as the Kubernetes client's model ``kind`` (such as "V1Pod").
+
+    A key that is no field of the API's object (which the API server would
+    drop, and with it what the field was for), a value of another type than
+    the API's, or a missing required field fails.
+    """
+    if kind.startswith("list["):
+        assert isinstance(data, list), (kind, data)
+        return [api_object(item, kind[5:-1]) for item in data]
+    if kind.startswith("dict("):
+        assert isinstance(data, dict), (kind, data)
+        value_kind = kind[5:-1].split(", ", 1)[1]
+        return {key: api_object(value, value_kind) for key, value in data.items()}
+    if kind == "datetime":
+        return datetime.datetime.fromisoformat(data)
+    primitive = {"str": str, "int": int, "bool": bool, "object": object}.get(kind)
+    if primitive is not None:
+        assert isinstance(data, primitive), (kind, data)
+        assert kind != "int" or not isinstance(data, bool), (kind, data)
+        return data
+    model = getattr(k8s, kind)
+    assert isinstance(data, dict), (kind, data)
+    fields = {key: attr for attr, key in model.attribute_map.items()}
+    unknown = sorted(set(data) - set(fields))
+    assert not unknown, f"{kind} has no field {unknown}"
+    return model(**{fields[key]: api_object(value, model.openapi_types[fields[key]]) for key, value in data.items()})
+
+
+#: The API group and version of each kind Orchard writes, as the API serves it.
+API_VERSIONS = {
+    "Pod": "v1",
+    "Namespace": "v1",
+    "Secret": "v1",
+    "Role": "rbac.authorization.k8s.io/v1",
+    "RoleBinding": "rbac.authorization.k8s.io/v1",
+    "NetworkPolicy": "networking.k8s.io/v1",
+    "Lease": "coordination.k8s.io/v1",
+}
+
+
+def kubernetes_object(data: dict[str, Any]) -> Any:
+    """A whole object: a kind of its API version, and its model as ``api_object`` checks it."""
+    assert data["apiVersion"] == API_VERSIONS[data["kind"]]
+    return api_object(data, f"V1{data['kind']}")
+
+
+OWNER = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "name": "orchard-session-1234", "uid": "u-1"}
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},
+        {"owner": OWNER},
+        {"tools": ["codex", "mini"], "workdir": "/testbed", "shm": "64Mi", "ttl": 60, "idle_timeout": 30},
+        {"image_volumes": True, "tools": ["codex"], "tls_pem": "PEM"},
+        {"image_volumes": True},
+        {"cpu": 2, "memory": "1Gi", "node_selector": {"pool": "sb"}, "image_pull_secrets": ["regcred"]},
+        {"tolerations": [{"key": "sandbox", "operator": "Exists", "effect": "NoSchedule"}], "runtime_class": "gvisor"},
+        {**pod_options(KubernetesConfig(run_as_user=1000, cap_add=["NET_RAW"], user_namespaces=True))},
+        {**pod_options(KubernetesConfig()), "tools": ["claude"]},
+    ],
+)
+def test_the_pod_is_a_pod_the_api_takes_and_mounts_only_its_own_volumes(options: dict[str, Any]) -> None:
+    manifest = build(**options)
+    pod = kubernetes_object(manifest)
+    assert pod.kind == "Pod"
+    volumes = {v.name for v in pod.spec.volumes}
+    assert len(volumes) == len(pod.spec.volumes)
+    for c in (pod.spec.init_containers or []) + pod.spec.containers:
+        # A mount of a volume the pod does not have is refused by the API server.
+        assert {m.name for m in c.volume_mounts} <= volumes, c.name
+        for quantities in (c.resources.requests or {}, c.resources.limits or {}) if c.resources else ():
+            for value in quantities.values():
+                assert re.fullmatch(r"[0-9]+(\.[0-9]+)?(m|Ki|Mi|Gi|Ti|k|M|G|T)?", value), (c.name, value)
+    (port,) = pod.spec.containers[0].ports
+    # An IANA service name (lowercase, at most 15 characters), and a protocol as the API spells it.
+    assert re.fullmatch(r"[a-z0-9]([a-z0-9-]{0,13}[a-z0-9])?", port.name)
+    assert (port.name, port.container_port, port.protocol) == ("executor", 8750, "TCP")
+
+
+def test_the_pod_belongs_to_the_sessions_lease_without_blocking_its_deletion() -> None:
+    meta = build(owner=OWNER)["metadata"]
+    # blockOwnerDeletion=true would need the right to update the Lease's finalizers, which the client Role lacks.
+    assert meta["ownerReferences"] == [{**OWNER, "blockOwnerDeletion": False}]
+    assert "ownerReferences" not in build()["metadata"]
+
+
+def test_the_network_label_says_whether_the_sandbox_has_network() -> None:
+    assert build(network=True)["metadata"]["labels"][NETWORK_LABEL] == "on"
+    assert build()["metadata"]["labels"][NETWORK_LABEL] == "off"
+
+
+def test_user_namespaces_are_off_unless_asked_for() -> None:
+    assert "hostUsers" not in build()["spec"]
+
+
+def test_the_readiness_probe_reports_a_listening_executor_within_two_seconds() -> None:
+    probe = build()["spec"]["containers"][0]["readinessProbe"]
+    assert probe["periodSeconds"] <= 2
+    assert probe["failureThreshold"] == 1  # unready at the first failed check
+
+
+def test_init_containers_reserve_little_and_are_capped() -> None:
+    spec = build(tools=["codex"])["spec"]
+    for init in spec["initContainers"]:
+        # Reserved on the node for every sandbox: 10 millicores and 32 MiB; a runaway copy stops at 256 MiB.
+        assert init["resources"] == {"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"memory": "256Mi"}}
+
+
+def test_the_tools_init_container_copies_into_the_volume_the_sandbox_reads_them_from() -> None:
+    spec = build(tools=["codex"])["spec"]
+    inject, tools = spec["initContainers"]
+    assert inject["name"] == INIT_CONTAINER
+    assert tools["name"] == TOOLS_CONTAINER
+    assert tools["image"] == "orchard-tools:latest"
+    assert tools["command"] == _tools.copy(["codex"])
+    assert tools["securityContext"] == inject["securityContext"]
+    (target,) = tools["volumeMounts"]
+    assert target["mountPath"] == "/target"  # _tools.copy writes /target/bundle
+    assert {"name": target["name"], "emptyDir": {}} in spec["volumes"]
+    (container,) = spec["containers"]
+    # ... which the sandbox sees, read-only, at ROOT: the bundle at ROOT/bundle, where its launchers look.
+    assert {"name": target["name"], "mountPath": _tools.ROOT, "readOnly": True} in container["volumeMounts"]
+    assert _tools.BUNDLE == f"{_tools.ROOT}/bundle"
+    assert f"--path-append={_tools.path_dirs(['codex'])}" in container["args"]
+
+
+def test_image_volumes_without_tools_mount_the_runtime_only() -> None:
+    (container,) = build(image_volumes=True)["spec"]["containers"]
+    assert [m["mountPath"] for m in container["volumeMounts"]] == ["/.orchard/runtime"]
+
+
+def test_a_sub_second_ttl_still_sets_the_shortest_deadline_the_api_takes() -> None:
+    assert build(ttl=0.5)["spec"]["activeDeadlineSeconds"] == 1
+    assert build(ttl=2.9)["spec"]["activeDeadlineSeconds"] == 2
+
+
+def test_run_as_user_keeps_only_the_capabilities_asked_for() -> None:
+    config = KubernetesConfig(run_as_user=1000, cap_add=["NET_BIND_SERVICE"])
+    (container,) = hardened(config)["spec"]["containers"]
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["NET_BIND_SERVICE"]}
+
+
+def test_the_session_lease_is_named_and_held_by_the_session() -> None:
+    now = "2026-12-07T17:00:00.000000Z"
+    data = lease_manifest(session_id="1234", namespace="rollouts", duration=30, now=now)
+    lease = kubernetes_object(data)
+    assert lease.kind == "Lease"
+    assert (lease.metadata.name, lease.metadata.namespace) == ("orchard-session-1234", "rollouts")
+    assert lease.metadata.labels == {MANAGED_BY: "orchard", SESSION_LABEL: "1234"}
+    assert (lease.spec.holder_identity, lease.spec.lease_duration_seconds) == ("1234", 30)
+    assert lease.spec.acquire_time == lease.spec.renew_time == datetime.datetime(2026, 12, 7, 17, tzinfo=datetime.UTC)
+    # gc reads it back as a live session's Lease until its duration has passed.
+    read = msgspec.convert(data, Lease)
+    renewed = lease.spec.renew_time.timestamp()
+    assert read.alive(renewed + 30)
+    assert not read.alive(renewed + 30.001)
+
+
+def test_a_lease_never_renewed_is_dead() -> None:
+    assert not Lease().alive(0.0)
+
+
+async def test_setup_writes_objects_the_api_takes_all_labelled_as_orchards() -> None:
+    objects = await setup(
+        KubernetesConfig(namespace="rollouts"),
+        dry_run=True,
+        service_account="trainer",
+        pools=["swe"],
+        cluster_cidrs=["10.96.0.0/12"],
+    )
+    kinds = [o["kind"] for o in objects]
+    assert kinds == ["Namespace", "Role", "RoleBinding", "NetworkPolicy", "NetworkPolicy", "Secret"]
+    for data in objects:
+        obj = kubernetes_object(data)
+        if obj.kind != "Namespace":
+            assert obj.metadata.namespace == "rollouts", obj.kind
+            assert obj.metadata.labels[MANAGED_BY] == "orchard", obj.kind
+    binding = objects[2]
+    assert binding["metadata"]["name"] == "orchard-client-trainer"
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "orchard-client"}
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "trainer", "namespace": "rollouts"}]
+    assert objects[1]["metadata"]["name"] == "orchard-client"  # what the binding binds
+
+
+def test_the_namespace_enforces_the_level_asked_for_and_warns_and_audits_restricted_at_the_latest_version() -> None:
+    assert pod_security_labels("baseline") == {
+        "pod-security.kubernetes.io/enforce": "baseline",
+        "pod-security.kubernetes.io/enforce-version": "latest",
+        "pod-security.kubernetes.io/warn": "restricted",
+        "pod-security.kubernetes.io/warn-version": "latest",
+        "pod-security.kubernetes.io/audit": "restricted",
+        "pod-security.kubernetes.io/audit-version": "latest",
+    }
+
+
+def grants(role: dict[str, Any]) -> set[tuple[str, str, str]]:
+    return {
+        (group, resource, verb)
+        for rule in role["rules"]
+        if "resourceNames" not in rule
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+
+
+def test_the_client_role_grants_what_the_client_does_and_nothing_more() -> None:
+    pods = {("", "pods", v) for v in ("create", "delete", "get", "list", "watch")}
+    claim = {("", "pods", "patch")}  # a claim of a shared pool's pod
+    forward = {("", "pods/portforward", v) for v in ("create", "get")}  # reaching an executor from outside
+    leases = {("coordination.k8s.io", "leases", v) for v in ("create", "delete", "get", "list", "patch")}
+    keeper = {("coordination.k8s.io", "leases", "update")}  # a pool keeper taking over an expired Lease
+    assert grants(client_role("ns")) == pods | claim | forward | leases | keeper
+    role = kubernetes_object(client_role("ns", ["orchard-pool-a"]))
+    assert (role.metadata.name, role.metadata.namespace, role.metadata.labels) == (
+        "orchard-client",
+        "ns",
+        {MANAGED_BY: "orchard"},
+    )
+
+
+def selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    assert set(selector) == {"matchLabels"}
+    return selector["matchLabels"].items() <= labels.items()
+
+
+def test_the_policies_select_every_sandbox_for_ingress_and_only_network_sandboxes_for_egress() -> None:
+    policies = {p["metadata"]["name"]: p["spec"] for p in network_policies("ns", port=8750)}
+    online = build(network=True)["metadata"]["labels"]
+    offline = build()["metadata"]["labels"]
+    sandboxes, egress = policies["orchard-sandboxes"], policies["orchard-sandbox-egress"]
+    # Every sandbox: ingress from clients only, and (its egress rules empty) no egress at all.
+    assert selects(sandboxes["podSelector"], online)
+    assert selects(sandboxes["podSelector"], offline)
+    assert sorted(sandboxes["policyTypes"]) == ["Egress", "Ingress"]
+    # network=True sandboxes only: egress; their ingress stays as the first policy has it.
+    assert selects(egress["podSelector"], online)
+    assert not selects(egress["podSelector"], offline)
+    assert egress["policyTypes"] == ["Egress"]
+    assert not selects(egress["podSelector"], {NETWORK_LABEL: "on"})  # not someone else's pod
+
+
+def test_with_every_exclusion_lifted_network_egress_goes_anywhere() -> None:
+    excepts = egress_exceptions(
+        api_server=["10.0.0.5"],
+        cluster_cidrs=["10.96.0.0/12"],
+        allow_metadata=True,
+        allow_api_server=True,
+        allow_cluster=True,
+    )
+    spec = _policies(egress_except=excepts)["orchard-sandbox-egress"]
+    assert spec["egress"] == [{"to": [{"ipBlock": {"cidr": "0.0.0.0/0"}}, {"ipBlock": {"cidr": "::/0"}}]}]
+
+
+def test_a_client_cidr_written_with_host_bits_is_the_network_it_names() -> None:
+    spec = _policies(client_cidrs=["192.0.2.7/24"])["orchard-sandboxes"]
+    assert {"ipBlock": {"cidr": "192.0.2.0/24"}} in spec["ingress"][0]["from"]
+
+
+def test_network_sandboxes_may_ask_the_cluster_dns_and_nothing_else_in_kube_system() -> None:
+    policies = network_policies("ns", port=8750, egress_except=["10.0.0.0/8"], dns={"k8s-app": "kube-dns"})
+    for policy in policies:
+        kubernetes_object(policy)
+    egress = {p["metadata"]["name"]: p["spec"] for p in policies}["orchard-sandbox-egress"]["egress"]
+    (dns,) = [rule for rule in egress if rule["to"][0].get("podSelector")]
+    (peer,) = dns["to"]
+    assert selects(peer["podSelector"], {"k8s-app": "kube-dns", "pod-template-hash": "abc"})
+    assert not selects(peer["podSelector"], {"k8s-app": "metrics-server"})
+    assert selects(peer["namespaceSelector"], {"kubernetes.io/metadata.name": "kube-system"})
