@@ -7,9 +7,11 @@ exactly as it was.
 
 from __future__ import annotations
 
+import bz2
 import errno
 import gzip
 import io
+import lzma
 import os
 import stat
 import tarfile
@@ -427,3 +429,83 @@ async def test_a_clash_with_the_destination_is_refused_before_anything_moves(
         str(dest / where),
     )
     assert snapshot(tmp_path) == before
+
+
+def corrupt_header(data: bytes, offset: int) -> bytes:
+    """``data`` with the checksum of the header at ``offset`` spoiled."""
+    spoiled = bytearray(data)
+    spoiled[offset + 148 : offset + 156] = b"garbage!"
+    return bytes(spoiled)
+
+
+TWO_FILES = tar_bytes([member("a.txt", b"a"), member("b.txt", b"b")])
+
+#: Streams that are not a plain, whole tar: the message the user reads (the rule is "malformed" unless compressed).
+MALFORMED: dict[str, tuple[bytes, str]] = {
+    "empty": (b"", "tar stream is not a readable tar: empty file"),
+    "corrupt-first-header": (corrupt_header(TWO_FILES, 0), "tar stream is not a readable tar: invalid header"),
+    # tarfile alone takes a bad header after the first for the end of the archive, and drops the rest.
+    "corrupt-second-header": (
+        corrupt_header(TWO_FILES, 1024),
+        "tar stream has a corrupt header at byte 1024: invalid header",
+    ),
+    "cut-in-a-header": (TWO_FILES[: 2048 + 100], "tar stream has a corrupt header at byte 2048: truncated header"),
+    "gzip": (gzip.compress(TWO_FILES), "tar stream is compressed; only a plain (uncompressed) tar is accepted"),
+    "bzip2": (bz2.compress(TWO_FILES), "tar stream is compressed; only a plain (uncompressed) tar is accepted"),
+    "xz": (lzma.compress(TWO_FILES), "tar stream is compressed; only a plain (uncompressed) tar is accepted"),
+    "zstd": (
+        b"\x28\xb5\x2f\xfd" + TWO_FILES,
+        "tar stream is compressed; only a plain (uncompressed) tar is accepted",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MALFORMED))
+async def test_a_stream_that_is_not_a_plain_whole_tar_is_refused_with_its_reason(tmp_path: Path, case: str) -> None:
+    data, message = MALFORMED[case]
+    with pytest.raises(tarstream.Refused) as info:
+        await tarstream.extract(chunks(data), str(tmp_path / "d"))
+    rule = "compressed" if "compressed" in message else "malformed"
+    assert (info.value.rule, info.value.member, str(info.value)) == (rule, None, message)
+    assert os.listdir(tmp_path) == []
+
+
+async def test_a_sparse_member_is_refused_with_its_reason(tmp_path: Path) -> None:
+    data = tar_bytes([member("good.txt", b"good"), member("holes", type=tarfile.GNUTYPE_SPARSE)])
+    with pytest.raises(tarstream.Refused) as info:
+        await tarstream.extract(chunks(data), str(tmp_path / "d"))
+    assert (info.value.rule, info.value.member, str(info.value)) == (
+        "type",
+        "holes",
+        "tar member 'holes' is a sparse file; only plain files are accepted",
+    )
+    assert os.listdir(tmp_path) == []
+
+
+def with_pax_comment(size: int) -> bytes:
+    """A one-file pax stream whose extended header is ``size`` bytes long (its record is 17 bytes and the value)."""
+    data = tar_bytes([member("p", b"x", pax_headers={"comment": "c" * (size - 17)})], tarfile.PAX_FORMAT)
+    assert int(data[124:136].rstrip(b"\0 "), 8) == size  # the pax header's own size field
+    return data
+
+
+async def test_a_metadata_header_is_capped_at_max_header_bytes(tmp_path: Path) -> None:
+    await tarstream.extract(chunks(with_pax_comment(tarstream.MAX_HEADER)), str(tmp_path / "ok"))
+    assert (tmp_path / "ok" / "p").read_bytes() == b"x"
+    with pytest.raises(tarstream.Refused) as info:
+        await tarstream.extract(chunks(with_pax_comment(tarstream.MAX_HEADER + 1)), str(tmp_path / "d"))
+    assert (info.value.rule, info.value.member, str(info.value)) == (
+        "header",
+        "././@PaxHeader",
+        "tar member '././@PaxHeader' is a 1048577-byte metadata header (limit 1048576)",
+    )
+    assert not (tmp_path / "d").exists()
+
+
+@pytest.mark.parametrize("size", [tarstream.CHUNK - 1, tarstream.CHUNK + 1, 3 * tarstream.CHUNK + 5])
+async def test_chunks_of_any_size_are_read_whole(tmp_path: Path, size: int) -> None:
+    body = os.urandom(2 * tarstream.CHUNK + 3)
+    data = tar_bytes([member("big.bin", body), member("small.txt", b"small")])
+    await tarstream.extract(chunks(data, size), str(tmp_path / "d"))
+    assert (tmp_path / "d" / "big.bin").read_bytes() == body
+    assert (tmp_path / "d" / "small.txt").read_bytes() == b"small"
