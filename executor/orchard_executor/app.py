@@ -192,11 +192,12 @@ class State:
             result = task.result()
             self._dedup_bytes += len(result.stdout_bytes) + len(result.stderr_bytes) + len(result.output_bytes)
         while self._dedup_bytes > DEDUP_BYTES or len(self._dedup) > DEDUP_ENTRIES:
-            oldest_id = next(iter(self._dedup))
-            oldest = self._dedup[oldest_id]
-            if not oldest.done():
-                break  # never forget a run still going
-            del self._dedup[oldest_id]
+            # The oldest finished result goes; a run still going is never forgotten, and never
+            # holds back the eviction of the results that finished after it.
+            oldest_id = next((key for key, run in self._dedup.items() if run.done()), None)
+            if oldest_id is None:
+                break
+            oldest = self._dedup.pop(oldest_id)
             if not oldest.cancelled() and oldest.exception() is None:
                 old = oldest.result()
                 self._dedup_bytes -= len(old.stdout_bytes) + len(old.stderr_bytes) + len(old.output_bytes)
