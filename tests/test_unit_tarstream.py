@@ -7,6 +7,7 @@ exactly as it was.
 
 from __future__ import annotations
 
+import asyncio
 import bz2
 import errno
 import gzip
@@ -509,3 +510,260 @@ async def test_chunks_of_any_size_are_read_whole(tmp_path: Path, size: int) -> N
     await tarstream.extract(chunks(data, size), str(tmp_path / "d"))
     assert (tmp_path / "d" / "big.bin").read_bytes() == body
     assert (tmp_path / "d" / "small.txt").read_bytes() == b"small"
+
+
+def hostile(case: str) -> list[Member]:
+    return HOSTILE[case][0]
+
+
+#: Hostile streams (each after a good member), with the rule, member and exact message the user reads.
+REFUSALS: dict[str, tuple[list[Member], str, str, str]] = {
+    "char-device": (
+        hostile("char-device"),
+        "type",
+        "null",
+        "tar member 'null' is a character device; only files, directories and links are accepted",
+    ),
+    "block-device": (
+        hostile("block-device"),
+        "type",
+        "sda",
+        "tar member 'sda' is a block device; only files, directories and links are accepted",
+    ),
+    "fifo": (
+        hostile("fifo"),
+        "type",
+        "pipe",
+        "tar member 'pipe' is a FIFO; only files, directories and links are accepted",
+    ),
+    "unknown-type": (
+        [member("odd", type=b"Z")],
+        "type",
+        "odd",
+        "tar member 'odd' is of type b'Z'; only files, directories and links are accepted",
+    ),
+    "absolute-symlink": (
+        hostile("absolute-symlink"),
+        "link",
+        "l",
+        "tar member 'l' is a symlink to '/etc/passwd', which is not relative",
+    ),
+    "symlink-without-target": (
+        [member("l", type=tarfile.SYMTYPE, linkname="")],
+        "link",
+        "l",
+        "tar member 'l' is a symlink to '', which is not relative",
+    ),
+    "symlink-nul-target": (
+        [pax_member("l", {"linkpath": "x\0y"}, type=tarfile.SYMTYPE)],
+        "link",
+        "l",
+        "tar member 'l' is a symlink to 'x\\x00y', which is not relative",
+    ),
+    "symlink-as-destination": (
+        [member(".", type=tarfile.SYMTYPE, linkname="good.txt")],
+        "link",
+        ".",
+        "tar member '.' would replace the destination with a symlink",
+    ),
+    "dotdot-symlink": (
+        hostile("dotdot-symlink"),
+        "link",
+        "l",
+        "tar member 'l' is a symlink to '../outside-target', which resolves outside the destination",
+    ),
+    "symlink-chain": (
+        hostile("symlink-chain"),
+        "link",
+        "esc",
+        "tar member 'esc' is a symlink to 'up/sub/../..', which resolves outside the destination",
+    ),
+    "write-through-symlink": (
+        hostile("write-through-symlink"),
+        "link",
+        "link/escaped.txt",
+        "tar member 'link/escaped.txt' goes through the symlink 'link'",
+    ),
+    "nested-write-through-symlink": (
+        [
+            member("a", type=tarfile.DIRTYPE, mode=0o755),
+            member("a/link", type=tarfile.SYMTYPE, linkname="."),
+            member("a/link/x", b"x"),
+        ],
+        "link",
+        "a/link/x",
+        "tar member 'a/link/x' goes through the symlink 'a/link'",
+    ),
+    "hardlink-to-destination-file": (
+        hostile("hardlink-to-destination-file"),
+        "link",
+        "hard",
+        "tar member 'hard' is a hardlink to 'keep.txt', not a file of this stream",
+    ),
+    "file-then-directory": (
+        [member("f", b"x"), member("f/x", b"x")],
+        "conflict",
+        "f/x",
+        "tar member 'f/x' clashes with another member (File exists)",
+    ),
+    "directory-then-file": (
+        [member("d", type=tarfile.DIRTYPE, mode=0o755), member("d", b"x")],
+        "conflict",
+        "d",
+        "tar member 'd' clashes with another member (a directory is in the way)",
+    ),
+    "file-then-symlink": (
+        [member("s", b"x"), member("s", type=tarfile.SYMTYPE, linkname="good.txt")],
+        "conflict",
+        "s",
+        "tar member 's' clashes with another member (File exists)",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REFUSALS))
+async def test_a_refusal_names_the_member_the_rule_and_why(tmp_path: Path, dest: Path, case: str) -> None:
+    evil, rule, name, message = REFUSALS[case]
+    data = tar_bytes([member("good.txt", b"good"), *evil], tarfile.PAX_FORMAT)
+    before = snapshot(tmp_path)
+    with pytest.raises(tarstream.Refused) as info:
+        await tarstream.extract(chunks(data), str(dest))
+    assert (info.value.rule, info.value.member, str(info.value)) == (rule, name, message)
+    assert snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("kind", [tarfile.REGTYPE, tarfile.LNKTYPE])
+async def test_a_file_or_hardlink_cannot_replace_the_destination(tmp_path: Path, dest: Path, kind: bytes) -> None:
+    data = tar_bytes([member("good.txt", b"good"), member(".", b"", type=kind, linkname="good.txt")])
+    before = snapshot(tmp_path)
+    with pytest.raises(tarstream.Refused) as info:
+        await tarstream.extract(chunks(data), str(dest))
+    assert info.value.rule == "path"
+    assert info.value.member is not None
+    assert str(info.value).startswith("tar member ")
+    assert str(info.value).endswith(" would replace the destination with a file")
+    assert snapshot(tmp_path) == before
+
+
+async def test_the_caps_name_the_member_that_passed_them(tmp_path: Path) -> None:
+    data = tar_bytes([member("a", b"a" * 60), member("b", b"b" * 41)])
+    with pytest.raises(tarstream.Refused) as info:
+        await tarstream.extract(chunks(data), str(tmp_path / "d"), max_bytes=100)
+    assert (info.value.member, str(info.value)) == (
+        "b",
+        "tar member 'b' takes the stream past the limit of 100 bytes (max_bytes)",
+    )
+    data = tar_bytes([member(f"f{i}") for i in range(4)])
+    with pytest.raises(tarstream.Refused) as info:
+        await tarstream.extract(chunks(data), str(tmp_path / "d"), max_members=3)
+    assert (info.value.member, str(info.value)) == (
+        "f3",
+        "tar member 'f3' is past the limit of 3 members (max_members)",
+    )
+    assert os.listdir(tmp_path) == []
+
+
+async def test_a_hardlink_may_name_an_earlier_hardlink(tmp_path: Path) -> None:
+    data = tar_bytes(
+        [
+            member("a", b"data"),
+            member("h1", type=tarfile.LNKTYPE, linkname="a"),
+            member("h2", type=tarfile.LNKTYPE, linkname="h1"),
+        ]
+    )
+    await tarstream.extract(chunks(data), str(tmp_path / "d"))
+    inode = os.stat(tmp_path / "d" / "a").st_ino
+    assert [os.stat(tmp_path / "d" / n).st_ino for n in ("h1", "h2")] == [inode, inode]
+
+
+async def test_a_later_member_of_the_same_name_replaces_the_earlier(tmp_path: Path) -> None:
+    data = tar_bytes([member("f", b"first"), member("f", b"second"), member("f", b"third")])
+    await tarstream.extract(chunks(data), str(tmp_path / "d"))
+    assert os.listdir(tmp_path / "d") == ["f"]
+    assert (tmp_path / "d" / "f").read_bytes() == b"third"
+
+
+async def test_modes_of_directories_made_and_met(tmp_path: Path, dest: Path) -> None:
+    # dest/sub (and its new child dir) already exist with modes of their own, which stay;
+    # a parent made for a member (no header of its own) is 0o755; a new directory gets its header's mode.
+    (dest / "sub" / "inner").mkdir()
+    os.chmod(dest / "sub", 0o711)
+    os.chmod(dest / "sub" / "inner", 0o700)
+    data = tar_bytes(
+        [
+            member("sub", type=tarfile.DIRTYPE, mode=0o755),
+            member("sub/inner", type=tarfile.DIRTYPE, mode=0o755),
+            member("sub/inner/f", b"f"),
+            member("made/for/f", b"f"),
+            member("new", type=tarfile.DIRTYPE, mode=0o750),
+        ]
+    )
+    await tarstream.extract(chunks(data), str(dest))
+
+    def mode(name: str) -> int:
+        return stat.S_IMODE(os.stat(dest / name).st_mode)
+
+    assert [mode(n) for n in ("sub", "sub/inner", "made", "made/for", "new")] == [0o711, 0o700, 0o755, 0o755, 0o750]
+    assert (dest / "sub" / "inner" / "f").read_bytes() == b"f"
+
+
+async def test_a_file_keeps_its_mtime_and_an_mtime_the_os_refuses_is_ignored(tmp_path: Path) -> None:
+    data = tar_bytes(
+        [
+            member("dated", b"x", mtime=1_000_000_000),
+            pax_member("far", {"mtime": "1e300"}, b"x"),
+            pax_member("nan", {"mtime": "nan"}, b"x"),
+        ],
+        tarfile.PAX_FORMAT,
+    )
+    await tarstream.extract(chunks(data), str(tmp_path / "d"))
+    assert os.stat(tmp_path / "d" / "dated").st_mtime == 1_000_000_000
+    assert (tmp_path / "d" / "far").read_bytes() == (tmp_path / "d" / "nan").read_bytes() == b"x"
+
+
+async def test_extracting_into_a_file_is_not_a_directory(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(NotADirectoryError) as info:
+        await tarstream.extract(chunks(tar_bytes([member("a", b"a")])), str(tmp_path / "file"))
+    assert (info.value.errno, info.value.strerror, info.value.filename) == (
+        errno.ENOTDIR,
+        "not a directory",
+        str(tmp_path / "file"),
+    )
+    assert (tmp_path / "file").read_text() == "x"
+    assert os.listdir(tmp_path) == ["file"]
+
+
+@pytest.mark.parametrize("exists", [True, False], ids=["existing", "new"])
+async def test_the_stream_is_staged_beside_the_destination_and_a_refusal_leaves_it_untouched(
+    tmp_path: Path, exists: bool
+) -> None:
+    dest = tmp_path / "dest"
+    if exists:
+        dest.mkdir()
+        (dest / "keep").write_text("keep")
+        os.utime(dest, ns=(1_000_000_000_000_000_000, 1_000_000_000_000_000_000))
+    data = tar_bytes([member("a", b"a" * 5000), member("pipe", type=tarfile.FIFOTYPE)])
+    seen: list[str] = []
+
+    async def watched() -> AsyncIterator[bytes]:
+        yield data[:1024]
+        for _ in range(500):  # until the worker has made its staging directory
+            seen[:] = [n for n in os.listdir(tmp_path) if n != "dest"]
+            if seen:
+                break
+            await asyncio.sleep(0.01)
+        yield data[1024:]
+
+    before = os.stat(dest).st_mtime_ns if exists else None
+    with pytest.raises(tarstream.Refused):
+        await tarstream.extract(watched(), str(dest))
+    assert len(seen) == 1
+    assert seen[0].startswith(".dest.")
+    assert seen[0].endswith(".orchard-part")
+    assert [n for n in os.listdir(tmp_path) if n != "dest"] == []
+    if exists:
+        assert os.listdir(dest) == ["keep"]
+        assert os.stat(dest).st_mtime_ns == before
+    else:
+        assert not dest.exists()
