@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import io
+import os
+import subprocess
+import sys
 import tarfile
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -269,3 +272,26 @@ async def test_a_write_that_fills_the_disk_is_no_space_and_leaves_the_old_file(b
             await sb.write_file("/dev/shm/kept", bytes(2 * MIB))
         assert await sb.read_file("/dev/shm/kept") == b"the old content"
         assert [e.name for e in await sb.list_dir("/dev/shm")] == ["kept"]  # no temp file left
+
+
+def test_the_demo_without_a_working_bubblewrap_runs_unisolated_and_says_so(tmp_path: Path) -> None:
+    """README: "with bubblewrap installed its sandboxes are isolated; without it they run unisolated, and it says so"."""
+    fake = tmp_path / "bwrap"  # present, but refused its namespaces (as in an unprivileged container)
+    fake.write_text("#!/bin/sh\necho 'bwrap: No permissions to create new namespace' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    env = {**os.environ, "PATH": f"{tmp_path}:/usr/bin:/bin"}
+    run = subprocess.run(
+        [sys.executable, "-m", "orchard", "demo", "-n", "2"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        env=env,
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stderr.splitlines()[1] == (
+        "orchard demo: NOTICE: bubblewrap is not available here, so these sandboxes run UNISOLATED on the host "
+        "(fine for the demo's own code; install bubblewrap before running untrusted code)"
+    )
+    assert "sandboxes: 2/2 succeeded, 0 failed" in run.stdout
