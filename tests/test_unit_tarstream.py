@@ -14,8 +14,10 @@ import gzip
 import io
 import lzma
 import os
+import socket
 import stat
 import tarfile
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -767,3 +769,129 @@ async def test_the_stream_is_staged_beside_the_destination_and_a_refusal_leaves_
         assert os.stat(dest).st_mtime_ns == before
     else:
         assert not dest.exists()
+
+
+async def archived(src: Path, **options: object) -> list[tarfile.TarInfo]:
+    """The members of ``archive(src, **options)``, read back with tarfile."""
+    data = b"".join([c async for c in tarstream.archive(str(src), **options)])  # type: ignore[arg-type]
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        return tar.getmembers()
+
+
+async def test_archive_caps_name_the_entry_that_passed_them(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a").write_bytes(b"a" * 60)
+    (src / "b").write_bytes(b"b" * 41)
+    (src / "c").write_bytes(b"")
+    assert [m.name for m in await archived(src, max_bytes=101, max_members=3)] == ["a", "b", "c"]
+    with pytest.raises(tarstream.Refused) as info:
+        await archived(src, max_bytes=100)
+    assert (info.value.rule, info.value.member, str(info.value)) == (
+        "bytes",
+        "b",
+        "tar member 'b' takes the archive past the limit of 100 bytes (max_bytes)",
+    )
+    with pytest.raises(tarstream.Refused) as info:
+        await archived(src, max_members=2)
+    assert (info.value.rule, info.value.member, str(info.value)) == (
+        "members",
+        "c",
+        "tar member 'c' is past the limit of 2 members (max_members)",
+    )
+
+
+async def test_archive_sends_devices_and_fifos_as_headers_and_skips_sockets(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    os.mkfifo(src / "pipe")
+    (src / "f").write_text("f")
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.bind(str(src / "sock"))
+        assert [(m.name, m.type) for m in await archived(src)] == [("f", tarfile.REGTYPE), ("pipe", tarfile.FIFOTYPE)]
+    [null] = await archived(Path("/dev/null"))
+    assert (null.name, null.type, null.devmajor, null.devminor) == ("null", tarfile.CHRTYPE, 1, 3)
+
+
+async def test_a_changes_only_archive_takes_what_changed_since_and_not_the_excluded(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    for d in ("same", "grows", "skip"):
+        (src / d).mkdir(parents=True)
+        (src / d / "old").write_text("old")
+    await asyncio.sleep(0.05)  # past the kernel's coarse clock, on both sides of since
+    since = time.time_ns()
+    await asyncio.sleep(0.05)
+    (src / "same" / "old").write_text("rewritten")  # a file changed in a directory whose entries did not
+    (src / "grows" / "new").write_text("new")  # a new file: its directory changed too
+    (src / "skip" / "new").write_text("new")
+    found = await archived(src, changed_since_ns=since, excluded=(str(src / "skip"),))
+    assert sorted(m.name for m in found) == ["grows", "grows/new", "same/old"]
+    assert sorted(m.name for m in await archived(src)) == [
+        "grows",
+        "grows/new",
+        "grows/old",
+        "same",
+        "same/old",
+        "skip",
+        "skip/new",
+        "skip/old",
+    ]
+
+
+def test_a_swapped_file_is_refused_with_its_name_and_why(tmp_path: Path) -> None:
+    (tmp_path / "was-a-file").write_text("x")
+    expected = os.lstat(tmp_path / "was-a-file")
+    (tmp_path / "new").write_text("another file")  # made while the first exists: another inode
+    os.replace(tmp_path / "new", tmp_path / "was-a-file")
+    os.symlink("was-a-file", tmp_path / "link")
+    dir_fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for name, why in [
+            ("was-a-file", "was replaced while it was archived"),
+            ("link", "was replaced by a symlink while it was archived"),
+        ]:
+            with pytest.raises(tarstream.Refused) as info:
+                tarstream.open_regular(name, dir_fd, expected)
+            assert (info.value.rule, info.value.member, str(info.value)) == (
+                "changed",
+                name,
+                f"tar member {name!r} {why}",
+            )
+    finally:
+        os.close(dir_fd)
+
+
+async def test_extract_closes_the_stream_it_was_given_when_it_stops_early(tmp_path: Path) -> None:
+    closed: list[bool] = []
+
+    async def stream() -> AsyncIterator[bytes]:
+        try:
+            yield tar_bytes([member("pipe", type=tarfile.FIFOTYPE)])
+            while True:
+                yield b"\0" * 512
+        finally:
+            closed.append(True)
+
+    chunks_given = stream()
+    with pytest.raises(tarstream.Refused):
+        await tarstream.extract(chunks_given, str(tmp_path / "d"))
+    assert closed == [True]
+
+
+async def test_extract_takes_an_iterable_without_aclose(tmp_path: Path) -> None:
+    class Chunks:
+        def __init__(self, data: bytes) -> None:
+            self.data = data
+
+        def __aiter__(self) -> AsyncIterator[bytes]:
+            return chunks(self.data)
+
+    await tarstream.extract(Chunks(tar_bytes([member("a", b"a")])), str(tmp_path / "d"))
+    assert (tmp_path / "d" / "a").read_bytes() == b"a"
+
+
+async def test_many_small_chunks_arrive_whole_when_the_worker_falls_behind(tmp_path: Path) -> None:
+    bodies = {f"f{i:03}": os.urandom(3000 + i) for i in range(100)}
+    data = tar_bytes([member(name, body) for name, body in bodies.items()])
+    await tarstream.extract(chunks(data, 64), str(tmp_path / "d"))
+    assert {p.name: p.read_bytes() for p in (tmp_path / "d").iterdir()} == bodies
