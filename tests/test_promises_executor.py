@@ -295,3 +295,17 @@ def test_the_demo_without_a_working_bubblewrap_runs_unisolated_and_says_so(tmp_p
         "(fine for the demo's own code; install bubblewrap before running untrusted code)"
     )
     assert "sandboxes: 2/2 succeeded, 0 failed" in run.stdout
+
+
+async def test_a_reverse_port_the_executor_may_not_bind_is_permission_denied(bwrap_client: orchard.Client) -> None:
+    """README (reverse_forward): a port "the executor may not bind (below 1024 without the privilege) a `PermissionDenied`".
+
+    Under bubblewrap the executor runs without capabilities, so port 80 is refused, naming the fix.
+    """
+    async with bwrap_client.sandbox() as sb:
+        with pytest.raises(errors.PermissionDenied, match="remote_port") as info:
+            async with sb.reverse_forward(80, "http://127.0.0.1:9"):
+                pass
+        assert info.value.sandbox_id == sb.id
+        async with sb.reverse_forward(0, "http://127.0.0.1:9") as port:
+            assert port >= 1024
