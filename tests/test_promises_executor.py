@@ -309,3 +309,15 @@ async def test_a_reverse_port_the_executor_may_not_bind_is_permission_denied(bwr
         assert info.value.sandbox_id == sb.id
         async with sb.reverse_forward(0, "http://127.0.0.1:9") as port:
             assert port >= 1024
+
+
+async def test_the_sandbox_shortcut_starts_one_and_deletes_it(local_root: Path) -> None:
+    """README: "`orchard.sandbox()` is the shortcut for scripts that need only one"; deleted when the block exits."""
+    config = orchard.LocalConfig(root=str(local_root), isolation="none")
+    async with orchard.sandbox(backend=config, env={"WHO": "shortcut"}) as sb:
+        assert (await sb.exec('echo "$WHO"')).stdout == "shortcut\n"
+        assert len(executors_under(local_root)) == 1
+    assert executors_under(local_root) == []
+    assert list(local_root.iterdir()) == []
+    with pytest.raises(errors.SandboxClosed):
+        await sb.exec(["true"])
