@@ -895,3 +895,154 @@ async def test_many_small_chunks_arrive_whole_when_the_worker_falls_behind(tmp_p
     data = tar_bytes([member(name, body) for name, body in bodies.items()])
     await tarstream.extract(chunks(data, 64), str(tmp_path / "d"))
     assert {p.name: p.read_bytes() for p in (tmp_path / "d").iterdir()} == bodies
+
+
+async def restore(data: bytes, dest: Path, **caps: int) -> None:
+    await tarstream.extract(chunks(data), str(dest), restore=True, **caps)
+
+
+async def test_a_restore_keeps_absolute_symlinks_owners_modes_and_times_but_not_setuid(tmp_path: Path) -> None:
+    out = tmp_path / "root"
+    data = tar_bytes(
+        [
+            member(".", type=tarfile.DIRTYPE, mode=0o700),
+            member("bin", type=tarfile.DIRTYPE, mode=0o1777, mtime=1_000_000_000, uid=4242, gid=4343),
+            member("bin/tool", b"#!/bin/sh\n", mode=0o6775, mtime=1_100_000_000, uid=4242, gid=4343),
+            member("bin/python", type=tarfile.SYMTYPE, linkname="/usr/bin/python3", uid=4242, gid=4343),
+            member("bin/tool2", type=tarfile.LNKTYPE, linkname="bin/tool"),
+            member("deep/er/f", b"f", mode=0o640, mtime=1_200_000_000),
+        ]
+    )
+    await restore(data, out)
+    tool, bindir = os.stat(out / "bin" / "tool"), os.stat(out / "bin")
+    assert (stat.S_IMODE(tool.st_mode), tool.st_mtime) == (0o775, 1_100_000_000)
+    assert (stat.S_IMODE(bindir.st_mode), bindir.st_mtime) == (0o1777, 1_000_000_000)  # set after its children
+    assert os.readlink(out / "bin" / "python") == "/usr/bin/python3"
+    assert os.stat(out / "bin" / "tool2").st_ino == tool.st_ino
+    assert (out / "deep" / "er" / "f").read_bytes() == b"f"
+    assert stat.S_IMODE(os.stat(out / "deep" / "er" / "f").st_mode) == 0o640
+    owners = {
+        (os.lstat(p).st_uid, os.lstat(p).st_gid) for p in (out / "bin", out / "bin" / "tool", out / "bin" / "python")
+    }
+    assert owners == ({(4242, 4343)} if os.geteuid() == 0 else {(os.getuid(), os.getgid())})
+    assert stat.S_IMODE(os.stat(out).st_mode) != 0o700  # "." is the destination, left as it is
+
+
+async def test_a_restore_replaces_what_stands_in_the_way_without_following_symlinks(tmp_path: Path, dest: Path) -> None:
+    os.symlink(tmp_path / "outside-target", dest / "was-a-link")
+    (dest / "was-a-file").write_text("file")
+    (dest / "was-empty-dir").mkdir()
+    data = tar_bytes(
+        [
+            member("was-a-link", b"new"),
+            member("was-a-file", type=tarfile.DIRTYPE, mode=0o755),
+            member("was-empty-dir", b"now a file"),
+            member("keep.txt", type=tarfile.SYMTYPE, linkname="sub/old.txt"),
+        ]
+    )
+    await restore(data, dest)
+    assert (tmp_path / "outside-target").read_text() == "secret"
+    assert not (dest / "was-a-link").is_symlink()
+    assert (dest / "was-a-link").read_bytes() == b"new"
+    assert (dest / "was-a-file").is_dir()
+    assert (dest / "was-empty-dir").read_bytes() == b"now a file"
+    assert os.readlink(dest / "keep.txt") == "sub/old.txt"
+
+
+async def test_a_restore_writes_through_a_symlink_inside_the_destination_only(tmp_path: Path, dest: Path) -> None:
+    await restore(tar_bytes([member("inner", type=tarfile.SYMTYPE, linkname="sub"), member("inner/x", b"x")]), dest)
+    assert (dest / "sub" / "x").read_bytes() == b"x"
+    data = tar_bytes([member("out", type=tarfile.SYMTYPE, linkname=str(tmp_path)), member("out/escaped.txt", b"x")])
+    with pytest.raises(tarstream.Refused) as info:
+        await restore(data, dest)
+    assert (info.value.rule, info.value.member, str(info.value)) == (
+        "link",
+        "out/escaped.txt",
+        "tar member 'out/escaped.txt' would be written through a symlink that leaves the destination",
+    )
+    assert not (tmp_path / "escaped.txt").exists()
+
+
+#: What a restore still refuses: the member, and the rule and message.
+RESTORE_REFUSALS: dict[str, tuple[list[Member], str, str, str]] = {
+    "dotdot-name": (
+        [member("a/../../escaped.txt", b"x")],
+        "path",
+        "a/../../escaped.txt",
+        "tar member 'a/../../escaped.txt' has '..' in its name 'a/../../escaped.txt'",
+    ),
+    "fifo": (
+        [member("pipe", type=tarfile.FIFOTYPE)],
+        "type",
+        "pipe",
+        "tar member 'pipe' is a FIFO; only files, directories and links are accepted",
+    ),
+    "unknown-type": (
+        [member("odd", type=b"Z")],
+        "type",
+        "odd",
+        "tar member 'odd' is of type b'Z'; only files, directories and links are accepted",
+    ),
+    "symlink-without-target": (
+        [member("l", type=tarfile.SYMTYPE, linkname="")],
+        "link",
+        "l",
+        "tar member 'l' is a symlink to ''",
+    ),
+    "symlink-nul-target": (
+        [pax_member("l", {"linkpath": "x\0y"}, type=tarfile.SYMTYPE)],
+        "link",
+        "l",
+        "tar member 'l' is a symlink to 'x\\x00y'",
+    ),
+    "hardlink-to-a-file-not-in-the-stream": (
+        [member("h", type=tarfile.LNKTYPE, linkname="keep.txt")],
+        "link",
+        "h",
+        "tar member 'h' is a hardlink to 'keep.txt', not a file of this stream",
+    ),
+    "hardlink-to-itself": (
+        [member("good.txt", type=tarfile.LNKTYPE, linkname="good.txt")],
+        "link",
+        "good.txt",
+        "tar member 'good.txt' is a hardlink to 'good.txt', not a file of this stream",
+    ),
+    "hardlink-out": (
+        [member("h", type=tarfile.LNKTYPE, linkname="../outside-target")],
+        "link",
+        "h",
+        "tar member 'h' has '..' in its hardlink target '../outside-target'",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(RESTORE_REFUSALS))
+async def test_a_restore_refuses_what_an_upload_refuses(tmp_path: Path, dest: Path, case: str) -> None:
+    evil, rule, name, message = RESTORE_REFUSALS[case]
+    data = tar_bytes([member("good.txt", b"good"), *evil], tarfile.PAX_FORMAT)
+    with pytest.raises(tarstream.Refused) as info:
+        await restore(data, dest)
+    assert (info.value.rule, info.value.member, str(info.value)) == (rule, name, message)
+    assert (tmp_path / "outside-target").read_text() == "secret"
+    assert (dest / "keep.txt").read_text() == "keep"
+    assert not (tmp_path / "escaped.txt").exists()
+
+
+async def test_a_restore_has_the_upload_caps(tmp_path: Path) -> None:
+    data = tar_bytes([member("a", b"a" * 60), member("b", b"b" * 41), member("c")])
+    await restore(data, tmp_path / "ok", max_bytes=101, max_members=3)
+    assert (tmp_path / "ok" / "b").read_bytes() == b"b" * 41
+    with pytest.raises(tarstream.Refused) as info:
+        await restore(data, tmp_path / "d", max_bytes=100)
+    assert (info.value.rule, info.value.member, str(info.value)) == (
+        "bytes",
+        "b",
+        "tar member 'b' takes the stream past the limit of 100 bytes (max_bytes)",
+    )
+    with pytest.raises(tarstream.Refused) as info:
+        await restore(data, tmp_path / "d", max_members=2)
+    assert (info.value.rule, info.value.member, str(info.value)) == (
+        "members",
+        "c",
+        "tar member 'c' is past the limit of 2 members (max_members)",
+    )
