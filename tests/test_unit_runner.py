@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import os
 import random
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from orchard_executor.errors import ExecutorError
-from orchard_executor.runner import OutputBuffer, build_argv
+from orchard_executor.runner import OutputBuffer, build_argv, spawn_error
 
 pytestmark = pytest.mark.unit
 
@@ -160,3 +162,58 @@ def test_build_argv_login_prefers_bash_on_the_path_and_falls_back_to_sh(tmp_path
 def test_build_argv_login_passes_a_list_as_positional_parameters() -> None:
     built = build_argv(["printf", "%s", "a b", "$X"], "/bin/sh", login=True)
     assert built == ["/bin/sh", "-l", "-c", 'exec "$@"', "/bin/sh", "printf", "%s", "a b", "$X"]
+
+
+def spawned(argv: list[str], cwd: str) -> ExecutorError:
+    """What spawn_error makes of the OSError that really starting ``argv`` in ``cwd`` raises."""
+    with pytest.raises(OSError) as info:  # noqa: PT011 - which OSError is what spawn_error sorts out
+        subprocess.Popen(argv, cwd=cwd)
+    return spawn_error(info.value, argv, cwd)
+
+
+def test_spawn_error_names_the_missing_program_and_hints_at_a_missing_shell(tmp_path: Path) -> None:
+    cwd = str(tmp_path)
+    cases = [
+        (["no-such-program-xyz", "arg"], ""),
+        (["/no/such/shell", "-c", "true"], " (a string cmd needs a shell; pass an argv list instead)"),
+        (
+            ["/no/such/shell", "-l", "-c", 'exec "$@"', "/no/such/shell", "true"],
+            " (login=True needs a shell, bash or /bin/sh, in the sandbox)",
+        ),
+        (["/no/such/shell", "-l", "-c", "true"], " (login=True needs a shell, bash or /bin/sh, in the sandbox)"),
+    ]
+    for argv, hint in cases:
+        error = spawned(argv, cwd).error
+        assert (error.code, error.message, error.path) == (
+            "command_not_found",
+            f"{argv[0]!r} was not found in the sandbox{hint}",
+            argv[0],
+        )
+
+
+def test_spawn_error_names_a_missing_working_directory_first(tmp_path: Path) -> None:
+    missing = str(tmp_path / "gone")
+    error = spawned(["no-such-program-xyz"], missing).error
+    assert (error.code, error.message, error.path) == (
+        "file_not_found",
+        f"working directory {missing!r} does not exist",
+        missing,
+    )
+
+
+def test_spawn_error_for_a_file_that_cannot_be_executed(tmp_path: Path) -> None:
+    (tmp_path / "script.sh").write_text("#!/bin/sh\necho hi\n")
+    (tmp_path / "empty").write_bytes(b"")
+    os.chmod(tmp_path / "empty", 0o755)
+    error = spawned(["./script.sh", "arg"], str(tmp_path)).error
+    assert (error.code, error.message, error.path) == (
+        "permission_denied",
+        "cannot execute './script.sh': Permission denied",
+        "./script.sh",
+    )
+    error = spawned(["./empty", "arg"], str(tmp_path)).error
+    assert (error.code, error.message, error.path) == (
+        "bad_request",
+        "cannot execute './empty': [Errno 8] Exec format error: './empty'",
+        "./empty",
+    )
