@@ -448,7 +448,7 @@ def terminated(exit_code: int, **fields: str) -> dict[str, Any]:
             {"initContainerStatuses": [{"name": "inject", **terminated(3)}]},
             {},
             "InitFailed",
-            "injector init container exited 3: ",
+            "injector init container exited 3",  # it said nothing: no dangling colon
         ),
         (
             {"initContainerStatuses": [{"name": "inject", **terminated(1, reason="Error")}]},
@@ -502,8 +502,12 @@ def test_a_failed_pod_says_why_in_words(
 def test_a_container_that_ended_without_a_reason_is_named_by_its_exit_code() -> None:
     for phase in ("Failed", "Running"):
         got = classify(pod({"phase": phase, "containerStatuses": [terminated(137)]}))
-        assert (got.state, got.reason) == ("failed", "exit code 137")
-        assert got.message.startswith("the sandbox container ended (exit code 137")
+        # The exit code once: the reason falls back to it, and the message does not repeat it.
+        assert (got.state, got.reason, got.message) == (
+            "failed",
+            "exit code 137",
+            "the sandbox container ended (exit code 137)",
+        )
 
 
 def test_running_and_pending_say_whether_the_pod_was_scheduled_and_initialized() -> None:

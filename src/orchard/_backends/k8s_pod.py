@@ -215,6 +215,13 @@ def _condition(pod: Pod, kind: str) -> _Condition | None:
     return None
 
 
+def _ended(t: Any) -> tuple[str, str]:
+    """The reason and message of a sandbox container that ended (a V1ContainerStateTerminated)."""
+    if t.reason:
+        return t.reason, t.message or f"the sandbox container ended ({t.reason}, exit code {t.exit_code})"
+    return f"exit code {t.exit_code}", t.message or f"the sandbox container ended (exit code {t.exit_code})"
+
+
 def classify(pod: Pod) -> Phase:
     """Read a pod's status: pending, running at an IP, or failed and why."""
     status = pod.status
@@ -238,8 +245,7 @@ def classify(pod: Pod) -> Phase:
         for cs in status.container_statuses:
             t = cs.state.terminated
             if t is not None:
-                why = t.reason or f"exit code {t.exit_code}"
-                return failed(why, t.message or f"the sandbox container ended ({why}, exit code {t.exit_code})")
+                return failed(*_ended(t))
         return failed(status.reason or status.phase, status.message or f"the pod is {status.phase}")
     if scheduled_c is not None and scheduled_c.status == "False" and scheduled_c.reason == "Unschedulable":
         return failed("Unschedulable", scheduled_c.message or "no node can run this pod")
@@ -249,14 +255,14 @@ def classify(pod: Pod) -> Phase:
         if w is not None and w.reason in FATAL_WAITING:
             return failed(w.reason or "", f"{which}: {w.message or w.reason}")
         if t is not None and t.exit_code != 0:
-            return failed("InitFailed", f"{which} exited {t.exit_code}: {t.message or t.reason or ''}")
+            said = t.message or t.reason
+            return failed("InitFailed", f"{which} exited {t.exit_code}" + (f": {said}" if said else ""))
     for cs in status.container_statuses:
         w, t = cs.state.waiting, cs.state.terminated
         if w is not None and w.reason in FATAL_WAITING:
             return failed(w.reason or "", w.message or w.reason or "")
         if t is not None:
-            why = t.reason or f"exit code {t.exit_code}"
-            return failed(why, t.message or f"the sandbox container ended ({why}, exit code {t.exit_code})")
+            return failed(*_ended(t))
         if cs.state.running is not None and status.pod_ip:
             return Phase("running", pod_ip=status.pod_ip, scheduled=scheduled, initialized=initialized)
     return Phase("pending", scheduled=scheduled, initialized=initialized)
