@@ -14,6 +14,7 @@ import gzip
 import io
 import lzma
 import os
+import shutil
 import socket
 import stat
 import tarfile
@@ -1046,3 +1047,55 @@ async def test_a_restore_has_the_upload_caps(tmp_path: Path) -> None:
         "c",
         "tar member 'c' is past the limit of 2 members (max_members)",
     )
+
+
+async def test_a_refusal_keeps_a_parent_it_made_once_something_else_is_in_it(tmp_path: Path) -> None:
+    dest = tmp_path / "new" / "deeper"
+    data = tar_bytes([member("a", b"a" * 5000), member("pipe", type=tarfile.FIFOTYPE)])
+
+    async def meanwhile() -> AsyncIterator[bytes]:
+        yield data[:1024]
+        for _ in range(500):  # until the worker has made the parent and its staging directory in it
+            if (tmp_path / "new").exists() and os.listdir(tmp_path / "new"):
+                break
+            await asyncio.sleep(0.01)
+        (tmp_path / "new" / "someone-else").write_text("theirs")
+        yield data[1024:]
+
+    with pytest.raises(tarstream.Refused) as info:
+        await tarstream.extract(meanwhile(), str(dest))
+    assert info.value.rule == "type"
+    assert os.listdir(tmp_path / "new") == ["someone-else"]
+
+
+async def test_extracting_into_a_mount_point_stages_inside_it() -> None:
+    # A mount point's parent is another file system, where no rename could reach: the staging goes inside.
+    mount = Path("/dev/shm")
+    if not mount.is_dir() or os.stat(mount).st_dev == os.stat(mount.parent).st_dev:
+        pytest.skip("no tmpfs mounted at /dev/shm")
+    name = f"orchard-test-{os.getpid()}-{time.time_ns()}"
+    try:
+        await tarstream.extract(chunks(tar_bytes([member(f"{name}/f", b"f")])), str(mount))
+        assert (mount / name / "f").read_bytes() == b"f"
+        assert not [n for n in os.listdir(mount) if n.endswith(".orchard-part")]
+    finally:
+        shutil.rmtree(mount / name, ignore_errors=True)
+
+
+async def test_a_restore_replaces_a_symlink_where_the_snapshot_has_a_directory(tmp_path: Path, dest: Path) -> None:
+    # The snapshot's directory is made in its place: nothing is chmodded, chowned or written through the link.
+    outside = tmp_path / "outside-dir"
+    outside.mkdir()
+    os.chmod(outside, 0o755)
+    os.utime(outside, (1_000_000, 1_000_000))
+    os.symlink(outside, dest / "d")
+    data = tar_bytes([member("d", type=tarfile.DIRTYPE, mode=0o700, mtime=2_000_000), member("d/f", b"f")])
+    await restore(data, dest)
+    assert (stat.S_IMODE(os.stat(outside).st_mode), os.stat(outside).st_mtime, os.listdir(outside)) == (
+        0o755,
+        1_000_000,
+        [],
+    )
+    assert not (dest / "d").is_symlink()
+    assert (stat.S_IMODE(os.stat(dest / "d").st_mode), os.stat(dest / "d").st_mtime) == (0o700, 2_000_000)
+    assert (dest / "d" / "f").read_bytes() == b"f"

@@ -451,7 +451,8 @@ class _Restorer:
         if not _inside(self.root, parent):
             raise Refused("link", member.name, "would be written through a symlink that leaves the destination")
         if member.isdir():
-            if not os.path.isdir(path):
+            # A symlink in the way is replaced, not followed: its target's mode is not the snapshot's to set.
+            if os.path.islink(path) or not os.path.isdir(path):
                 self._clear(path)
                 os.makedirs(path, 0o700, exist_ok=True)
             self.dirs.append((path, member))
