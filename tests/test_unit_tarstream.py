@@ -1099,3 +1099,72 @@ async def test_a_restore_replaces_a_symlink_where_the_snapshot_has_a_directory(t
     assert not (dest / "d").is_symlink()
     assert (stat.S_IMODE(os.stat(dest / "d").st_mode), os.stat(dest / "d").st_mtime) == (0o700, 2_000_000)
     assert (dest / "d" / "f").read_bytes() == b"f"
+
+
+async def test_directories_met_at_any_depth_keep_their_modes(dest: Path) -> None:
+    (dest / "sub" / "inner" / "deep").mkdir(parents=True)
+    os.chmod(dest / "sub" / "inner", 0o711)
+    os.chmod(dest / "sub" / "inner" / "deep", 0o700)
+    data = tar_bytes(
+        [
+            member("sub/inner", type=tarfile.DIRTYPE, mode=0o755),
+            member("sub/inner/deep", type=tarfile.DIRTYPE, mode=0o755),
+            member("sub/inner/deep/f", b"f"),
+        ]
+    )
+    await tarstream.extract(chunks(data), str(dest))
+    assert [stat.S_IMODE(os.stat(dest / p).st_mode) for p in ("sub/inner", "sub/inner/deep")] == [0o711, 0o700]
+    assert (dest / "sub" / "inner" / "deep" / "f").read_bytes() == b"f"
+
+
+async def test_a_restore_links_hardlinks_to_what_the_stream_made_without_following_it(
+    tmp_path: Path, dest: Path
+) -> None:
+    # "t" is first a file, then a symlink out of the destination (a restore keeps absolute symlinks):
+    # a hardlink to "t" links that symlink, never the file outside.
+    data = tar_bytes(
+        [
+            member("a", b"data"),
+            member("h1", type=tarfile.LNKTYPE, linkname="a"),
+            member("h2", type=tarfile.LNKTYPE, linkname="h1"),
+            member("t", b"t"),
+            member("t", type=tarfile.SYMTYPE, linkname=str(tmp_path / "outside-target")),
+            member("h3", type=tarfile.LNKTYPE, linkname="t"),
+        ]
+    )
+    await restore(data, dest)
+    inode = os.stat(dest / "a").st_ino
+    assert [os.stat(dest / n).st_ino for n in ("h1", "h2")] == [inode, inode]
+    assert os.readlink(dest / "h3") == str(tmp_path / "outside-target")
+    assert os.stat(tmp_path / "outside-target").st_nlink == 1
+
+
+async def test_a_restore_ignores_an_mtime_the_os_refuses(tmp_path: Path) -> None:
+    data = tar_bytes(
+        [
+            pax_member("d", {"mtime": "1e300"}, type=tarfile.DIRTYPE, mode=0o755),
+            pax_member("d/far", {"mtime": "1e300"}, b"x"),
+            pax_member("d/nan", {"mtime": "nan"}, b"x"),
+        ],
+        tarfile.PAX_FORMAT,
+    )
+    await restore(data, tmp_path / "r")
+    assert (tmp_path / "r" / "d" / "far").read_bytes() == (tmp_path / "r" / "d" / "nan").read_bytes() == b"x"
+
+
+async def test_archive_sends_a_block_device_as_a_header(tmp_path: Path) -> None:
+    try:
+        os.mknod(tmp_path / "loop", stat.S_IFBLK | 0o600, os.makedev(7, 42))
+    except PermissionError:
+        pytest.skip("mknod of a block device needs CAP_MKNOD")
+    [blk] = await archived(tmp_path / "loop")
+    assert (blk.name, blk.type, blk.devmajor, blk.devminor) == ("loop", tarfile.BLKTYPE, 7, 42)
+
+
+async def test_a_changes_only_archive_takes_a_file_changed_at_the_very_nanosecond(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "f").write_text("f")
+    since = os.lstat(src / "f").st_ctime_ns
+    assert "f" in [m.name for m in await archived(src, changed_since_ns=since)]
+    assert "f" not in [m.name for m in await archived(src, changed_since_ns=since + 1)]
