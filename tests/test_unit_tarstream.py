@@ -1168,3 +1168,22 @@ async def test_a_changes_only_archive_takes_a_file_changed_at_the_very_nanosecon
     since = os.lstat(src / "f").st_ctime_ns
     assert "f" in [m.name for m in await archived(src, changed_since_ns=since)]
     assert "f" not in [m.name for m in await archived(src, changed_since_ns=since + 1)]
+
+
+async def test_a_restore_sets_no_mode_through_a_symlink_that_later_replaced_a_directory(
+    tmp_path: Path, dest: Path
+) -> None:
+    # A directory's mode and times are set last; by then a later member may have put a symlink out in its place.
+    outside = tmp_path / "outside-dir"
+    outside.mkdir()
+    os.chmod(outside, 0o755)
+    os.utime(outside, (1_000_000, 1_000_000))
+    data = tar_bytes(
+        [
+            member("d", type=tarfile.DIRTYPE, mode=0o700, mtime=2_000_000),
+            member("d", type=tarfile.SYMTYPE, linkname=str(outside)),
+        ]
+    )
+    await restore(data, dest)
+    assert os.readlink(dest / "d") == str(outside)
+    assert (stat.S_IMODE(os.stat(outside).st_mode), os.stat(outside).st_mtime) == (0o755, 1_000_000)

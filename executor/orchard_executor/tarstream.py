@@ -511,6 +511,9 @@ class _Restorer:
 
     def finish(self) -> None:
         for path, member in reversed(self.dirs):
+            # A later member may have taken the directory's place (a symlink out, say): not its mode to set.
+            if os.path.islink(path) or not os.path.isdir(path):
+                continue
             self._attrs(path, member)
 
 
