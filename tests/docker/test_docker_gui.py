@@ -84,6 +84,20 @@ async def test_off_screen_input_unknown_keys_and_a_dead_x_server_are_typed_error
         assert infra_cause(NoDisplay("gone", code="no_display")) is not None
 
 
+async def test_the_x_server_keeps_its_state_when_its_last_client_leaves(client: orchard.Client) -> None:
+    # With no window manager the executor is the X server's only client, and a refused request drops
+    # its connection. An X server started without -noreset then resets: the pointer goes back to the
+    # middle, and a client connecting meanwhile has its connection reset (a NoDisplay in a CI run).
+    async with client.sandbox(BROWSER) as sb, orchard.gui.desktop(sb, size=SIZE, window_manager=None) as d:
+        await d.send([PointerMove(x=5, y=5)])
+        with pytest.raises(InvalidRequest, match="is outside"):
+            await d.send([PointerMove(x=5000, y=10)])
+        await asyncio.sleep(1)  # a reset, if there is one, is over by then
+        where = await sb.exec(["xdotool", "getmouselocation"], env={"DISPLAY": d.display})
+        assert where.exit_code == 0, where.stderr
+        assert where.stdout.startswith("x:5 y:5 "), where.stdout
+
+
 async def test_the_browser_crashing_is_browser_crashed(client: orchard.Client) -> None:
     async with client.sandbox(BROWSER) as sb:
         url = await serve_page(sb)

@@ -270,7 +270,9 @@ async def desktop(
     """
     w, h = checked_size(size)
     argv = ["Xvfb", display or "-displayfd", *([] if display else ["1"])]
-    argv += ["-screen", "0", f"{w}x{h}x24", "-nolisten", "tcp"]
+    # -noreset: without it the server resets when its last client leaves (the executor drops its
+    # connection after a refused request), losing its state and refusing whoever connects meanwhile.
+    argv += ["-screen", "0", f"{w}x{h}x24", "-nolisten", "tcp", "-noreset"]
     try:
         server = await sb.start_process(argv)
     except CommandNotFound:
