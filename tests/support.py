@@ -67,6 +67,12 @@ def host_processes() -> Iterator[tuple[int, int, list[bytes]]]:
             yield int(entry), int(stat[1]), argv
 
 
+def workdir_executors(root: str | os.PathLike[str]) -> list[int]:
+    """Pids of the executors whose sandboxes live under ``root`` (by their ``--workdir=`` argument)."""
+    prefix = f"--workdir={os.fspath(root)}/".encode()
+    return sorted(pid for pid, _, argv in host_processes() if any(arg.startswith(prefix) for arg in argv))
+
+
 def host_pid_alive(pid: int) -> bool:
     """Whether a host process exists and is not a zombie (a zombie is dead, just not reaped)."""
     try:

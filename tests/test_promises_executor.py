@@ -23,7 +23,7 @@ import orchard
 from orchard import errors
 from orchard._snapshot import Part, Snapshot
 from orchard_executor.protocol import ExecRequest, ExecResult
-from support import eventually
+from support import eventually, workdir_executors
 
 pytestmark = [pytest.mark.executor, pytest.mark.filterwarnings("ignore::orchard.errors.UnisolatedWarning")]
 
@@ -154,28 +154,15 @@ async def test_a_pooled_sandbox_is_replaced_at_half_its_ttl(local_root: Path) ->
     client = orchard.Client(config, warm={"local": {"size": 1, "ttl": 4}})
     async with client:
         await client.wait_warm(timeout=60)
-        [first] = executors_under(local_root)
+        [first] = workdir_executors(local_root)
         # Past half the ttl (2 s) the pooled one goes and a fresh one takes its place,
         # long before the ttl would end it.
-        await eventually(lambda: first not in executors_under(local_root), timeout=30, what="the first one retired")
+        await eventually(lambda: first not in workdir_executors(local_root), timeout=30, what="the first one retired")
         await client.wait_warm(timeout=60)
         assert client.warm_status()["local"]["starts"] >= 2
         async with client.sandbox(ttl=4) as sb:
             assert "claim" in sb.timings
             assert (await sb.info()).pid != first
-
-
-def executors_under(root: Path) -> list[int]:
-    """Pids of the executors whose sandboxes live under ``root`` (by their ``--workdir=`` argument)."""
-    pids = []
-    for proc in Path("/proc").iterdir():
-        try:
-            argv = (proc / "cmdline").read_bytes().split(b"\0")
-        except OSError:  # not a process, or it just ended
-            continue
-        if any(arg.startswith(f"--workdir={root}/".encode()) for arg in argv):
-            pids.append(int(proc.name))
-    return sorted(pids)
 
 
 HOLD = """
@@ -249,7 +236,7 @@ async def test_a_restore_that_cannot_write_names_the_path_and_deletes_the_fork(
         with pytest.raises(errors.PermissionDenied) as info:
             await base.restore(snap)
         assert info.value.path == read_only
-        before = executors_under(local_root)
+        before = workdir_executors(local_root)
         assert len(before) == 1
         with pytest.raises(errors.PermissionDenied) as info:
             await bwrap_client.create(restore=snap)
@@ -257,7 +244,7 @@ async def test_a_restore_that_cannot_write_names_the_path_and_deletes_the_fork(
         assert read_only in str(info.value)
         # The fork is gone: only the base's directory and executor are left.
         assert [d.name.startswith(base.id) for d in local_root.iterdir()] == [True]
-        assert executors_under(local_root) == before
+        assert workdir_executors(local_root) == before
 
 
 async def test_a_write_that_fills_the_disk_is_no_space_and_leaves_the_old_file(bwrap_client: orchard.Client) -> None:
@@ -316,8 +303,8 @@ async def test_the_sandbox_shortcut_starts_one_and_deletes_it(local_root: Path) 
     config = orchard.LocalConfig(root=str(local_root), isolation="none")
     async with orchard.sandbox(backend=config, env={"WHO": "shortcut"}) as sb:
         assert (await sb.exec('echo "$WHO"')).stdout == "shortcut\n"
-        assert len(executors_under(local_root)) == 1
-    assert executors_under(local_root) == []
+        assert len(workdir_executors(local_root)) == 1
+    assert workdir_executors(local_root) == []
     assert list(local_root.iterdir()) == []
     with pytest.raises(errors.SandboxClosed):
         await sb.exec(["true"])

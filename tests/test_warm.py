@@ -21,20 +21,7 @@ import pytest
 import orchard
 import orchard.sync
 from orchard.errors import ConfigError, SandboxTimeout
-from support import unisolated_ok
-
-
-def executors(root: Path) -> list[int]:
-    """Pids of the executors whose sandboxes live under ``root``."""
-    pids = []
-    for proc in Path("/proc").iterdir():
-        try:
-            argv = (proc / "cmdline").read_bytes().split(b"\0")
-        except OSError:  # not a process, or it just ended
-            continue
-        if any(arg.startswith(f"--workdir={root}/".encode()) for arg in argv):
-            pids.append(int(proc.name))
-    return pids
+from support import unisolated_ok, workdir_executors
 
 
 @pytest.fixture
@@ -56,7 +43,7 @@ async def test_a_claim_takes_a_ready_sandbox_once_and_the_pool_refills(
     async with warm_client({"local": 2}) as client:
         await client.wait_warm(timeout=60)
         assert client.warm_status()["local"]["ready"] == 2
-        pooled = set(executors(local_root))
+        pooled = set(workdir_executors(local_root))
         assert len(pooled) == 2
 
         a, b = await asyncio.gather(client.create(), client.create())
@@ -73,8 +60,8 @@ async def test_a_claim_takes_a_ready_sandbox_once_and_the_pool_refills(
 
         await client.wait_warm(timeout=60)
         assert client.warm_status()["local"]["ready"] == 2
-        assert not set(executors(local_root)) & pooled  # the claimed ones are gone, new ones wait
-    assert executors(local_root) == []  # closing the Client ends the pooled sandboxes too
+        assert not set(workdir_executors(local_root)) & pooled  # the claimed ones are gone, new ones wait
+    assert workdir_executors(local_root) == []  # closing the Client ends the pooled sandboxes too
 
 
 async def test_another_spec_or_an_empty_pool_is_a_cold_start(warm_client: Callable[..., Any]) -> None:
@@ -94,7 +81,7 @@ async def test_another_spec_or_an_empty_pool_is_a_cold_start(warm_client: Callab
 async def test_a_pooled_sandbox_that_died_is_skipped(warm_client: Callable[..., Any], local_root: Path) -> None:
     async with warm_client({"local": 1}) as client:
         await client.wait_warm(timeout=60)
-        [dead] = executors(local_root)
+        [dead] = workdir_executors(local_root)
         os.kill(dead, signal.SIGKILL)
         async with client.sandbox() as sb:
             assert (await sb.info()).pid != dead
@@ -138,4 +125,4 @@ def test_the_sync_client_takes_warm_pools_too(local_root: Path) -> None:
         with client.sandbox() as sb:
             assert "claim" in sb.timings
             assert sb.exec("echo sync").stdout == "sync\n"
-    assert executors(local_root) == []
+    assert workdir_executors(local_root) == []
