@@ -8,6 +8,7 @@ sandbox.
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import secrets
 import signal
@@ -406,3 +407,35 @@ async def test_a_cancel_during_the_close_waits_for_it(local_client: orchard.Clie
         await task
     assert finished == [True]
     assert executors_under(local_root) == []
+
+
+@pytest.mark.parametrize("isolation", ["none", "bwrap"])
+async def test_a_start_cancelled_twice_still_deletes_what_it_began(
+    isolation: str, local_root: Path, request: pytest.FixtureRequest
+) -> None:
+    """A second cancel, landing while the first one's cleanup runs, does not cut that cleanup short."""
+    if isolation == "bwrap":
+        request.getfixturevalue("bwrap_ready")
+    unretrieved: list[str] = []
+    asyncio.get_running_loop().set_exception_handler(lambda _, context: unretrieved.append(context["message"]))
+    async with orchard.Client(orchard.LocalConfig(root=str(local_root), isolation=isolation)) as client:
+        async with client.sandbox() as sb:  # the fork server is up: the starts below are quick
+            await sb.exec("true")
+        for i in range(60):
+            start = asyncio.create_task(client.create())
+            await asyncio.sleep(i / 2000)  # the first cancel at a different step of the start each time
+            start.cancel()
+            for _ in range(i % 4):  # the second while the first one's cleanup runs
+                await asyncio.sleep(0)
+            start.cancel()
+            try:
+                sb = await start
+            except asyncio.CancelledError:
+                pass
+            else:  # started before the cancels landed
+                await sb.aclose()
+            assert leftovers(local_root) == [], f"cancelled after {i / 2:g} ms, again {i % 4} turns later"
+            # A killed bwrap's namespace init dies with it (--die-with-parent), a moment later.
+            await eventually(lambda: executors_under(local_root) == [], what="no processes left under the root")
+    gc.collect()
+    assert unretrieved == []

@@ -9,6 +9,7 @@ with the cold start's typed error; closing the Client ends pooled sandboxes.
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import signal
 from collections.abc import AsyncIterator, Callable
@@ -21,7 +22,7 @@ import pytest
 import orchard
 import orchard.sync
 from orchard.errors import ConfigError, SandboxTimeout
-from support import unisolated_ok, workdir_executors
+from support import eventually, unisolated_ok, workdir_executors
 
 
 @pytest.fixture
@@ -126,3 +127,26 @@ def test_the_sync_client_takes_warm_pools_too(local_root: Path) -> None:
             assert "claim" in sb.timings
             assert sb.exec("echo sync").stdout == "sync\n"
     assert workdir_executors(local_root) == []
+
+
+@pytest.mark.filterwarnings("ignore::orchard.errors.UnisolatedWarning")
+@pytest.mark.parametrize("isolation", ["none", "bwrap"])
+async def test_closing_the_client_while_its_pool_refills_leaves_nothing(
+    isolation: str, local_root: Path, request: pytest.FixtureRequest
+) -> None:
+    """The close cancels the refills' starts twice (as the Client's starts, then as the pool's): each still cleans up."""
+    if isolation == "bwrap":
+        request.getfixturevalue("bwrap_ready")
+    unretrieved: list[str] = []
+    asyncio.get_running_loop().set_exception_handler(lambda _, context: unretrieved.append(context["message"]))
+    for i in range(12):
+        async with orchard.Client(
+            orchard.LocalConfig(root=str(local_root), isolation=isolation), warm={"local": 8}
+        ) as client:
+            async with client.sandbox() as sb:  # the first claim starts the pool, which refills at once
+                await sb.exec("true")
+            await asyncio.sleep(i / 200)  # the close lands at a different step of the refills each time
+        assert os.listdir(local_root) == [], f"closed {i * 5} ms after the first sandbox"
+        await eventually(lambda: workdir_executors(local_root) == [], what="no executors left")
+    gc.collect()
+    assert unretrieved == []

@@ -18,6 +18,7 @@ from orchard_executor.protocol import Info
 from . import _handle, _tls, _trace, _warm
 from ._backends import BackendConfig, build_backend, make_config
 from ._backends.base import Backend, Instance
+from ._finish import finish
 from ._rpc import LIVENESS_TIMEOUT, READ_TIMEOUT, ExecutorClient
 from ._sandbox import Sandbox
 from ._spec import SandboxSpec, make_spec
@@ -108,7 +109,7 @@ class Client:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        await asyncio.shield(self.aclose())
+        await finish(self.aclose())
 
     async def _ensure_open(self) -> tuple[Backend, aiohttp.ClientSession]:
         if self._closed:
@@ -207,14 +208,14 @@ class Client:
             except BaseException:
                 if wiring is not None:
                     wiring.forget()
-                await asyncio.shield(sb.aclose())
+                await finish(sb.aclose())
                 raise
             sb.timings["restore"] = time.monotonic() - t0
         if wiring is not None:
             try:
                 await wiring.connect(sb)
             except BaseException:
-                await asyncio.shield(sb.aclose())
+                await finish(sb.aclose())
                 raise
         return sb
 
@@ -303,6 +304,9 @@ class Client:
         except asyncio.CancelledError:
             if start.cancelled() and self._closed and (caller is None or caller.cancelling() == cancelling):
                 raise closed from None
+            if start.done() and not start.cancelled() and start.exception() is None:
+                # Cancelled as its start ended: the caller never gets the sandbox, so nobody else would close it.
+                await finish(start.result().aclose())
             raise  # the caller's own cancel
         if self._closed:  # started as the Client closed, which closes it
             raise closed
@@ -433,7 +437,7 @@ class Client:
                     await rpc.call("GET", "/v1/info", Info)  # the token is right and the executor alive
                 except BaseException:
                     rpc.close("attach failed")
-                    await asyncio.shield(instance.delete())  # lets go (deletes nothing unless owner)
+                    await finish(instance.delete())  # lets go (deletes nothing unless owner)
                     raise
         except TimeoutError as exc:
             if isinstance(exc, OrchardError):
@@ -454,16 +458,7 @@ class Client:
             yield sb
         finally:
             # A cancel that comes while the sandbox closes waits for the close: none outlives its block.
-            closing = asyncio.ensure_future(sb.aclose())
-            cancelled: asyncio.CancelledError | None = None
-            while not closing.done():
-                try:
-                    await asyncio.shield(closing)
-                except asyncio.CancelledError as exc:
-                    cancelled = exc
-            if cancelled is not None:
-                raise cancelled
-            closing.result()
+            await finish(sb.aclose())
 
     async def aclose(self) -> None:
         """Delete every sandbox still open, then release the pool and backend.

@@ -40,6 +40,7 @@ from orchard_executor.protocol import (
 
 from . import _snapshot
 from . import _trace as trace
+from ._finish import finish
 from ._handle import Handle
 from ._rpc import MAX_REPLY, REPLY_SLACK, ExecutorClient, with_stdin
 from ._snapshot import Snapshot
@@ -302,7 +303,7 @@ class Sandbox:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        await asyncio.shield(self.aclose())
+        await finish(self.aclose())
 
     # Commands
 

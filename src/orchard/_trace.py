@@ -16,7 +16,6 @@ an ``upload``) are not recorded apart: one record per call of the user's.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import functools
 import hashlib
@@ -32,6 +31,7 @@ import msgspec
 
 from orchard_executor.protocol import ExecResult, ExitEvent, OutputEvent, ProcessStatus
 
+from ._finish import finish
 from .errors import ConfigError, TraceError
 
 #: The ``"v"`` of every record; raised when a field changes meaning or goes away.
@@ -153,7 +153,7 @@ class Recorder:
             self.emit(kind, start, time.perf_counter() - t0, fields | {"timings": sb.timings}, None)
         except BaseException:
             self.close()
-            await asyncio.shield(sb.aclose())
+            await finish(sb.aclose())
             raise
         sb._trace = self
         return sb

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from docker_support import BUSYBOX, containers
 
@@ -29,3 +31,22 @@ async def test_claims_take_pooled_containers_and_close_removes_every_one(docker_
         assert len(now) == 2
         assert not now & pooled
     assert containers(mine) == []
+
+
+async def test_a_start_cancelled_twice_has_removed_its_container_when_it_returns(docker_ready: str) -> None:
+    """A second cancel, landing while the first one's cleanup runs, does not cut that cleanup short."""
+    async with orchard.Client("docker") as client:
+        mine = f"orchard.dev/session={client.session_id}"
+        for i in range(8):
+            start = asyncio.create_task(client.create(BUSYBOX))
+            await asyncio.sleep(i / 20)  # the first cancel at a different step of the start each time
+            start.cancel()
+            await asyncio.sleep(0.01)  # the second while the first one's cleanup runs
+            start.cancel()
+            try:
+                sb = await start
+            except asyncio.CancelledError:
+                pass
+            else:
+                await sb.aclose()
+            assert containers(mine) == [], f"cancelled after {i * 50} ms"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio.client.api_client import ApiClient
@@ -35,3 +37,24 @@ async def test_claims_take_pooled_pods_and_close_deletes_every_one(
         assert not await pods(k8s_api, k8s_namespace, client.session_id) & pooled
         session = client.session_id
     assert await pods(k8s_api, k8s_namespace, session) == set()
+
+
+async def test_a_start_cancelled_twice_has_deleted_its_pod_when_it_returns(
+    k8s_api: ApiClient, k8s_namespace: str, kubeconfig: str
+) -> None:
+    """A second cancel, landing while the first one's cleanup runs, does not cut that cleanup short."""
+    config = orchard.KubernetesConfig(namespace=k8s_namespace, kubeconfig=kubeconfig)
+    async with orchard.Client(config) as client:
+        for delay in (0.2, 0.6, 1.2):
+            start = asyncio.create_task(client.create(BUSYBOX))
+            await asyncio.sleep(delay)  # the first cancel at a different step of the start each time
+            start.cancel()
+            await asyncio.sleep(0)  # the second while the first one's cleanup runs
+            start.cancel()
+            try:
+                sb = await start
+            except asyncio.CancelledError:
+                pass
+            else:
+                await sb.aclose()
+            assert await pods(k8s_api, k8s_namespace, client.session_id) == set(), f"cancelled after {delay} s"

@@ -53,6 +53,7 @@ from typing import Any
 import aiohttp
 
 from .. import _retry, _tools
+from .._finish import finish
 from .._handle import HandleFields
 from .._spec import SandboxSpec, quantity_bytes
 from .._tls import ENV as TLS_ENV
@@ -622,7 +623,7 @@ class DockerBackend:
                     reason="InjectorFailed" if role == "runtime" else "ToolsFillFailed",
                 )
         finally:
-            await asyncio.shield(self._engine.remove(container))
+            await finish(self._engine.remove(container))
         _FILLED[self._engine.address, image_id] = volume
         return volume
 
@@ -657,7 +658,7 @@ class DockerBackend:
             return await self._start(spec, sandbox_id, token_sha256, tls, t0, directory)
         except BaseException:
             if directory is not None:
-                await asyncio.shield(asyncio.to_thread(_unix.remove_tree, directory))
+                await finish(asyncio.to_thread(_unix.remove_tree, directory))
             raise
 
     async def _start(
@@ -738,7 +739,7 @@ class DockerBackend:
             ) from exc
         except BaseException:
             # Interrupted (a timeout): the container may exist without our knowing its id.
-            await asyncio.shield(self._discard(create, sandbox_id))
+            await finish(self._discard(create, sandbox_id))
             raise
         instance = DockerInstance(
             self._engine, sandbox_id, created["Id"], t0, tls.fingerprint if tls is not None else None, directory
@@ -757,7 +758,7 @@ class DockerBackend:
             await self._wait_ready(instance)
             instance.mark("executor_ready")
         except BaseException:
-            await asyncio.shield(instance.delete())
+            await finish(instance.delete())
             raise
         if spec.ttl is not None:
             instance.expire_after(spec.ttl)

@@ -39,6 +39,7 @@ from typing import Any
 import aiohttp
 import msgspec
 
+from .._finish import finish
 from .._spec import SandboxSpec
 from .._tls import make_identity
 from ..errors import ConfigError
@@ -211,7 +212,7 @@ class Keeper:
                     task.cancel()
                 await asyncio.gather(*self._tasks, return_exceptions=True)
                 # Deleting the Lease (if held) lets Kubernetes delete the free pods it owns.
-                await asyncio.shield(backend.aclose())
+                await finish(backend.aclose())
 
     async def _elect(self, backend: Any) -> dict[str, str]:
         """Hold the pool's Lease: create it, or take it over once its holder stops renewing it."""

@@ -26,6 +26,7 @@ import msgspec
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_random_exponential
 
 from .. import _retry
+from .._finish import finish
 from .._handle import HandleFields
 from .._spec import SandboxSpec
 from .._tls import Identity, pin
@@ -693,7 +694,7 @@ class KubernetesBackend:
         except BaseException:
             if forward is not None:
                 await forward.close()
-            await asyncio.shield(self.delete_pod(sandbox_id))
+            await finish(self.delete_pod(sandbox_id))
             raise
         if image_volumes:
             self._image_volumes_work = True
@@ -831,7 +832,7 @@ class KubernetesBackend:
             except BaseException as exc:
                 if forward is not None:
                     await forward.close()
-                await asyncio.shield(self.delete_pod(name))
+                await finish(self.delete_pod(name))
                 if not isinstance(exc, Exception):
                     raise
                 # Never the exception's repr: a ClientResponseError's holds the request's headers, the key among them.

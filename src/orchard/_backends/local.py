@@ -39,6 +39,7 @@ import msgspec
 
 import orchard_executor
 
+from .._finish import finish
 from .._handle import HandleFields
 from .._spec import SandboxSpec, quantity_bytes
 from .._tls import Identity
@@ -879,30 +880,34 @@ class LocalBackend:
                 # then ends it, so that nothing it writes to the directory outlives the directory's removal.
                 proc = await asyncio.shield(forking)
         except BaseException as exc:
-            if forking is not None and proc is None:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(asyncio.wait([forking]), 5)
-                if not forking.done():
-                    forking.cancel()  # a stuck zygote: the fork, if it comes, finds its stdin closed
-                elif not forking.cancelled() and forking.exception() is None:
-                    proc = forking.result()
-            if proc is not None:
-                proc.stdin.close()
-                with contextlib.suppress(ProcessLookupError):
-                    proc.kill()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(proc.wait(), 5)
-            else:
-                os.close(stdin_w)
-            if stderr_pipe is not None:
-                stderr_pipe.close()
-            else:
-                err.close()
-            if bwrap is not None and bwrap.returncode is None:
-                bwrap.kill()
-                await bwrap.wait()
-            os.close(ready_r)
-            _unix.remove_tree(directory)
+
+            async def abandon(proc: ForkedExecutor | None) -> None:
+                if forking is not None and proc is None:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(asyncio.wait([forking]), 5)
+                    if not forking.done():
+                        forking.cancel()  # a stuck zygote: the fork, if it comes, finds its stdin closed
+                    elif not forking.cancelled() and forking.exception() is None:
+                        proc = forking.result()
+                if proc is not None:
+                    proc.stdin.close()
+                    with contextlib.suppress(ProcessLookupError):
+                        proc.kill()
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(proc.wait(), 5)
+                else:
+                    os.close(stdin_w)
+                if stderr_pipe is not None:
+                    stderr_pipe.close()
+                else:
+                    err.close()
+                if bwrap is not None and bwrap.returncode is None:
+                    bwrap.kill()
+                    await bwrap.wait()
+                os.close(ready_r)
+                _unix.remove_tree(directory)
+
+            await finish(abandon(proc))
             if isinstance(exc, TimeoutError):
                 raise _not_ready(sandbox_id, spec) from None
             raise
@@ -965,10 +970,16 @@ class LocalBackend:
         finally:
             for fd in (hold, info_w, up_w, *data.values()):
                 os.close(fd)
-        with os.fdopen(info_r, "rb", buffering=0) as info, os.fdopen(up_r, "rb", buffering=0) as up:
-            raw = await _read_pipe(info, b"}")
-            if raw.endswith(b"}") and await _read_pipe(up, b"\n") == b"\n":
-                return bwrap, json.loads(raw)
+        try:
+            with os.fdopen(info_r, "rb", buffering=0) as info, os.fdopen(up_r, "rb", buffering=0) as up:
+                raw = await _read_pipe(info, b"}")
+                if raw.endswith(b"}") and await _read_pipe(up, b"\n") == b"\n":
+                    return bwrap, json.loads(raw)
+        except BaseException:  # cancelled (a timeout): the caller never learns of this bwrap
+            with contextlib.suppress(ProcessLookupError):
+                bwrap.kill()
+            await finish(bwrap.wait())
+            raise
         await bwrap.wait()
         raise SandboxStartError(
             f"sandbox {sandbox_id}: bubblewrap exited at start ({bwrap.returncode}): " + await written(stderr),
@@ -989,10 +1000,10 @@ class LocalBackend:
             else:
                 instance.base_url = f"http://127.0.0.1:{port}"
         except TimeoutError:
-            await instance.delete()
+            await finish(instance.delete())
             raise _not_ready(instance.id, spec) from None
         except BaseException:
-            await instance.delete()
+            await finish(instance.delete())
             raise
 
     async def _read_ready(self, pipe: BinaryIO, instance: LocalInstance) -> int:
