@@ -150,3 +150,29 @@ async def test_closing_the_client_while_its_pool_refills_leaves_nothing(
         await eventually(lambda: workdir_executors(local_root) == [], what="no executors left")
     gc.collect()
     assert unretrieved == []
+
+
+async def test_a_claim_cancelled_while_it_checks_the_sandbox_puts_it_back(warm_client: Callable[..., Any]) -> None:
+    async with warm_client({"local": 1}) as client:
+        await client.wait_warm(timeout=60)
+        pool = client._pools["local"]
+        pooled = pool._ready[0][1]
+        checked = asyncio.Event()
+        info = pooled.info
+
+        async def slow_info() -> Any:
+            checked.set()
+            await asyncio.sleep(60)
+            return await info()
+
+        pooled.info = slow_info  # type: ignore[method-assign]
+        claim = asyncio.create_task(client.create())
+        await checked.wait()
+        claim.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await claim
+        del pooled.info
+        assert client.warm_status()["local"]["ready"] == 1
+        async with client.sandbox() as sb:
+            assert sb is pooled  # claimed by the next create, never started twice
+            assert (await sb.exec("echo still fresh")).stdout == "still fresh\n"

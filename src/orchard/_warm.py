@@ -99,6 +99,9 @@ class Pool:
                 log.info("warm pool %s: %s did not answer (%s); trying the next", self.spec.image, sb.id, exc)
                 self._drop(sb)
                 continue
+            except BaseException:  # the claim was cancelled: the sandbox is still fresh, and the pool's
+                self._ready.appendleft((born, sb))
+                raise
             return sb
         return None
 
