@@ -245,6 +245,37 @@ async def test_a_sigkilled_keeper_is_replaced_and_gc_collects_a_pool_with_none(
                 proc.wait(10)
 
 
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+async def test_a_keeper_stopped_by_a_signal_deletes_its_lease_and_its_free_pods(
+    k8s_api: ApiClient, k8s_namespace: str, kubeconfig: str, tmp_path: Path, stop: signal.Signals
+) -> None:
+    coord = k8s.CoordinationV1Api(k8s_api)
+    pool = f"stop-{stop.name.lower()}"
+
+    async def lease_gone() -> bool:
+        try:
+            await coord.read_namespaced_lease(k8s_pool.lease_name(pool), k8s_namespace)
+        except ApiException as exc:
+            return exc.status == 404
+        return False
+
+    log = tmp_path / "keeper.log"
+    keeper = keep_cli(kubeconfig, k8s_namespace, pool, log)
+    try:
+        await eventually(lambda: _count_ready(k8s_api, k8s_namespace, pool, 1), timeout=120, what="the pool is full")
+        assert not await lease_gone()
+        keeper.send_signal(stop)
+        assert await asyncio.to_thread(keeper.wait, 60) == 0, log.read_text()
+        assert f"stopped; the free pods of pool {pool} are deleted" in log.read_text()
+        # Its Lease is deleted at once, not left to expire (4 s here, 15 by default): another keeper may start.
+        assert await lease_gone()
+        await eventually(lambda: _empty(k8s_api, k8s_namespace, pool), timeout=60, what="no pool pod left")
+    finally:
+        if keeper.poll() is None:
+            keeper.kill()
+            keeper.wait(10)
+
+
 async def _count_ready(api: ApiClient, namespace: str, pool: str, n: int) -> bool:
     return len(await pool_pods(api, namespace, pool, "ready")) == n
 
