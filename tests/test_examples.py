@@ -33,8 +33,9 @@ def test_quickstart(tmp_path: Path) -> None:
 
 
 def test_demo_command_runs_and_reports(tmp_path: Path) -> None:
+    # README's "orchard demo -n 100 runs more sandboxes", as written (about 11 s here).
     run = subprocess.run(
-        [sys.executable, "-m", "orchard", "demo", "-n", "4"],
+        [sys.executable, "-m", "orchard", "demo", "-n", "100"],
         capture_output=True,
         text=True,
         timeout=300,
@@ -44,7 +45,7 @@ def test_demo_command_runs_and_reports(tmp_path: Path) -> None:
     assert run.returncode == 0, run.stderr
     # Progress on stderr, one plain line a sandbox here (not a terminal: no redraws, no escape codes); the table
     # and totals on stdout.
-    assert run.stderr.splitlines()[-1] == "4/4 sandboxes  ok=4 failed=0"
+    assert run.stderr.splitlines()[-1] == "100/100 sandboxes  ok=100 failed=0"
     assert "\x1b" not in run.stderr + run.stdout
     report = run.stdout
     assert report.splitlines()[0].split() == [
@@ -60,6 +61,6 @@ def test_demo_command_runs_and_reports(tmp_path: Path) -> None:
         "MAX",
         "MS",
     ]
-    assert "sandboxes: 4/4 succeeded, 0 failed" in report
+    assert "sandboxes: 100/100 succeeded, 0 failed" in report
     for op in ("create", "write", "run", "test_fail", "fix", "test_pass", "read", "delete"):
-        assert any(line.split()[:3] == [op, "4", "0"] for line in report.splitlines()), op
+        assert any(line.split()[:3] == [op, "100", "0"] for line in report.splitlines()), op
