@@ -21,6 +21,7 @@ import pytest
 
 import orchard
 import orchard.sync
+from orchard import _warm
 from orchard.errors import ConfigError, SandboxTimeout
 from support import eventually, unisolated_ok, workdir_executors
 
@@ -102,6 +103,14 @@ async def test_a_pool_that_cannot_start_backs_off_and_claims_fail_typed(warm_cli
         assert 2 <= status["starts"] <= 8
         with pytest.raises(ConfigError, match="cannot be created"):
             await client.create(workdir="/dev/null/x")
+
+
+def test_the_back_off_doubles_from_half_a_second_and_stops_at_thirty() -> None:
+    delays, delay = [], 0.0  # no failure yet
+    for _ in range(9):
+        delay = _warm.next_delay(delay)
+        delays.append(delay)
+    assert delays == [0.5, 1, 2, 4, 8, 16, 30, 30, 30]
 
 
 @pytest.mark.parametrize(

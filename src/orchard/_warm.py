@@ -31,6 +31,11 @@ CLAIM_CHECK_TIMEOUT = 2.0
 BACKOFF_FIRST, BACKOFF_MAX = 0.5, 30.0
 
 
+def next_delay(delay: float) -> float:
+    """The back-off after another failed start: 0.5 s first, then doubling, never over 30 s."""
+    return min(max(2 * delay, BACKOFF_FIRST), BACKOFF_MAX)
+
+
 def parse(warm: Mapping[str, int | Mapping[str, Any]] | None) -> dict[str, tuple[int, SandboxSpec]]:
     """``{image: size}`` or ``{image: {"size": n, **spec}}`` -> image -> (size, spec), or ``ConfigError``."""
     pools: dict[str, tuple[int, SandboxSpec]] = {}
@@ -138,7 +143,7 @@ class Pool:
                     if any(isinstance(e, asyncio.CancelledError) for e in errors):
                         raise asyncio.CancelledError
                     self.last_error = errors[0]
-                    delay = min(max(2 * delay, BACKOFF_FIRST), BACKOFF_MAX)
+                    delay = next_delay(delay)
                     log.warning("warm pool %s: start failed (%s); retrying in %.1fs", self.spec.image, errors[0], delay)
                     self._changed.set()
                     await asyncio.sleep(delay)
