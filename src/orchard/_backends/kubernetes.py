@@ -326,6 +326,8 @@ class KubernetesBackend:
         self.api_requests: dict[str, int] = {
             "create": 0, "delete": 0, "list": 0, "watch": 0, "lease": 0, "get": 0, "patch": 0, "dry-run": 0
         }  # fmt: skip
+        #: Watch streams open now, and the most ever open at once (the one watch: never above 1).
+        self.watch_streams = self.watch_streams_max = 0
         #: Whether pods mount the runtime as image volumes (``config.injection``; None: not yet asked, for "auto").
         self.image_volumes: bool | None = None if config.injection == "auto" else config.injection == "image-volume"
         self._image_volumes_probe: asyncio.Task[bool | None] | None = None
@@ -507,20 +509,25 @@ class KubernetesBackend:
                     timeout_seconds=300,
                 )
                 self._watch_ready.set()
-                async with resp:
-                    async for line in resp.content:
-                        event = _EVENT.decode(line)
-                        if event.type == "ERROR":
-                            # Usually 410 Gone: our resource version is too old. List again.
-                            log.info("pod watch from resource version %s refused; listing again", resource_version)
-                            resource_version = None
-                            break
-                        pod = _POD.decode(event.object)
-                        resource_version = pod.metadata.resource_version or resource_version
-                        if event.type == "DELETED":
-                            self._gone(pod)
-                        elif event.type != "BOOKMARK":
-                            self._observe(pod)
+                self.watch_streams += 1
+                self.watch_streams_max = max(self.watch_streams_max, self.watch_streams)
+                try:
+                    async with resp:
+                        async for line in resp.content:
+                            event = _EVENT.decode(line)
+                            if event.type == "ERROR":
+                                # Usually 410 Gone: our resource version is too old. List again.
+                                log.info("pod watch from resource version %s refused; listing again", resource_version)
+                                resource_version = None
+                                break
+                            pod = _POD.decode(event.object)
+                            resource_version = pod.metadata.resource_version or resource_version
+                            if event.type == "DELETED":
+                                self._gone(pod)
+                            elif event.type != "BOOKMARK":
+                                self._observe(pod)
+                finally:
+                    self.watch_streams -= 1
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # keep watching whatever happens; the next loop relists if needed
