@@ -15,6 +15,7 @@ Parts, each also a script of its own (see its docstring):
 - ``tls``       bench_tls.py: TLS to the executor vs plain HTTP on docker, and HMAC signing's cost
 - ``sync``      bench_sync.py: orchard.sync's overhead per exec against the async call
 - ``trace``     bench_trace.py: trace='s overhead per exec
+- ``frozen``    bench_frozen.py: how soon a call on a frozen executor fails, with the default deadlines
 - ``forward``   bench_forward.py: sb.forward latency and throughput against reaching the server from inside,
                 on local, local-bwrap, docker and kubernetes (both transports)
 - ``rollout``   bench_rollout.py: orchard.rollout's attempts per second and utilisation at concurrency 8, 32
@@ -52,6 +53,7 @@ PARTS = (
     "tls",
     "sync",
     "trace",
+    "frozen",
     "forward",
     "rollout",
     "warm",
@@ -172,6 +174,8 @@ def main() -> None:
             python("benchmarks/bench_tls.py", json_out, *(["--reps=100", "--mib=16"] if args.quick else []))
         elif part in ("sync", "trace"):
             python(f"benchmarks/bench_{part}.py", json_out, *(["--iterations=200"] if args.quick else []))
+        elif part == "frozen":
+            python("benchmarks/bench_frozen.py", json_out, *(["--runs=1"] if args.quick else []))
         elif part == "forward":
             forward(args.kubeconfig, args.quick)
         elif part == "gui":
