@@ -73,6 +73,19 @@ def workdir_executors(root: str | os.PathLike[str]) -> list[int]:
     return sorted(pid for pid, _, argv in host_processes() if any(arg.startswith(prefix) for arg in argv))
 
 
+def listening(port: int) -> list[str]:
+    """The local addresses of every listening TCP socket on ``port`` (IPv4 and IPv6), from /proc/net."""
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for row in f.read().splitlines()[1:]:
+                local, state = row.split()[1], row.split()[3]
+                address, hex_port = local.rsplit(":", 1)
+                if state == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
+                    found.append(address)
+    return found
+
+
 def host_pid_alive(pid: int) -> bool:
     """Whether a host process exists and is not a zombie (a zombie is dead, just not reaped)."""
     try:

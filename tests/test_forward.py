@@ -19,7 +19,7 @@ import pytest
 import orchard
 from orchard import errors
 from orchard_executor import ports
-from support import WAIT, eventually, raw_http
+from support import WAIT, eventually, listening, raw_http
 
 pytestmark = pytest.mark.executor
 
@@ -250,19 +250,6 @@ async def test_tunnels_are_capped_and_the_api_stays_reachable(sb: orchard.Sandbo
         held.append(await sb._rpc.websocket(path, max_msg_size=1 << 20))
     finally:
         await asyncio.gather(*(ws.close() for ws in held))
-
-
-def listening(port: int) -> list[str]:
-    """The local addresses of every listening TCP socket on ``port`` (IPv4 and IPv6), from /proc/net."""
-    found = []
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        with open(table) as f:
-            for row in f.read().splitlines()[1:]:
-                local, state = row.split()[1], row.split()[3]
-                address, hex_port = local.rsplit(":", 1)
-                if state == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
-                    found.append(address)
-    return found
 
 
 async def test_the_local_end_listens_on_loopback_only(sb: orchard.Sandbox, servers: tuple[int, int]) -> None:

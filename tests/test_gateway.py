@@ -13,6 +13,7 @@ import pytest
 import orchard
 from gateway_support import Turn, Upstream, sse_events
 from orchard import errors
+from support import listening
 
 TOOLS = [
     {
@@ -131,6 +132,14 @@ async def test_litellm_client_gets_tool_calls_and_text_through_the_gateway(up: U
     assert records[0]["response"]["choices"][0]["message"]["tool_calls"][0]["id"] == "call_1"
     assert records[1]["response"]["choices"][0]["message"]["content"] == "done here"
     assert up.requests[0]["model"] == "up-model"
+
+
+async def test_the_gateway_listens_on_loopback_only(up: Upstream) -> None:
+    async with orchard.ModelGateway(up.url, model="up-model") as gw:
+        port = int(gw.url.rsplit(":", 1)[1])
+        # 127.0.0.1 as /proc/net/tcp writes it (in the host's byte order): no wildcard, no other interface, no IPv6.
+        assert listening(port) == ["0100007F"]
+    assert listening(port) == []
 
 
 async def test_keys_a_missing_or_wrong_or_revoked_key_is_a_401_in_the_apis_shape_and_recorded(
