@@ -43,9 +43,11 @@ async def pool_pods(api: ApiClient, namespace: str, pool: str, state: str | None
 
 
 @contextlib.asynccontextmanager
-async def keeper(cfg: orchard.KubernetesConfig, pool: str, size: int) -> AsyncIterator[k8s_pool.Keeper]:
+async def keeper(
+    cfg: orchard.KubernetesConfig, pool: str, size: int, *, max_starting: int = 4
+) -> AsyncIterator[k8s_pool.Keeper]:
     """A keeper running in this process until the block ends, full before it starts."""
-    keep = k8s_pool.Keeper(cfg, pool, make_spec(BUSYBOX, {}), size)
+    keep = k8s_pool.Keeper(cfg, pool, make_spec(BUSYBOX, {}), size, max_starting=max_starting)
     full = asyncio.Event()
     task = asyncio.create_task(keep.run(ready=full))
     try:
@@ -274,6 +276,29 @@ async def test_a_keeper_stopped_by_a_signal_deletes_its_lease_and_its_free_pods(
         if keeper.poll() is None:
             keeper.kill()
             keeper.wait(10)
+
+
+@pytest.mark.parametrize("max_starting", [1, 3])
+async def test_a_keeper_starts_at_most_max_starting_pods_at_once(
+    k8s_api: ApiClient, k8s_namespace: str, kubeconfig: str, max_starting: int
+) -> None:
+    pool = f"limit-{max_starting}"
+    most = 0
+
+    async def watch() -> None:
+        nonlocal most
+        while True:
+            most = max(most, len(await pool_pods(k8s_api, k8s_namespace, pool, "starting")))
+            await asyncio.sleep(0.02)
+
+    watching = asyncio.create_task(watch())
+    try:
+        async with keeper(config(kubeconfig, k8s_namespace), pool, 3, max_starting=max_starting):
+            assert len(await pool_pods(k8s_api, k8s_namespace, pool, "ready")) == 3
+    finally:
+        watching.cancel()
+    # One at a time with 1; with 3, the three of an empty pool at once (seen starting together).
+    assert most == max_starting
 
 
 async def _count_ready(api: ApiClient, namespace: str, pool: str, n: int) -> bool:
