@@ -57,6 +57,14 @@ async def local_client(local_root: Path) -> AsyncIterator[orchard.Client]:
         yield client
 
 
+@pytest.fixture
+async def unretrieved() -> list[str]:
+    """What the test's event loop reports as unhandled ("Task exception was never retrieved"), to assert none."""
+    reported: list[str] = []
+    asyncio.get_running_loop().set_exception_handler(lambda _, context: reported.append(context["message"]))
+    return reported
+
+
 @pytest.fixture(scope="session")
 def bwrap_ready() -> None:
     """Bubblewrap isolates sandboxes here; the local-bwrap tier FAILS (never skips) otherwise."""

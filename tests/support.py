@@ -86,6 +86,22 @@ def listening(port: int) -> list[str]:
     return found
 
 
+async def cancel_twice(start: asyncio.Task[orchard.Sandbox], first: float, again: float) -> None:
+    """Cancel a create ``first`` s after it began, and again ``again`` s later, while the first cancel's cleanup runs.
+
+    A sandbox the create returned anyway (it ended before the cancels landed) is closed.
+    """
+    await asyncio.sleep(first)
+    start.cancel()
+    await asyncio.sleep(again)
+    start.cancel()
+    try:
+        sb = await start
+    except asyncio.CancelledError:
+        return
+    await sb.aclose()
+
+
 def host_pid_alive(pid: int) -> bool:
     """Whether a host process exists and is not a zombie (a zombie is dead, just not reaped)."""
     try:

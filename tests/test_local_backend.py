@@ -20,7 +20,17 @@ import pytest
 
 import orchard
 from orchard import errors
-from support import WAIT, agen, eventually, host_pid_alive, host_processes, pattern_chunks, proc_stat, read_pid
+from support import (
+    WAIT,
+    agen,
+    cancel_twice,
+    eventually,
+    host_pid_alive,
+    host_processes,
+    pattern_chunks,
+    proc_stat,
+    read_pid,
+)
 
 pytestmark = [
     pytest.mark.executor,
@@ -411,31 +421,20 @@ async def test_a_cancel_during_the_close_waits_for_it(local_client: orchard.Clie
 
 @pytest.mark.parametrize("isolation", ["none", "bwrap"])
 async def test_a_start_cancelled_twice_still_deletes_what_it_began(
-    isolation: str, local_root: Path, request: pytest.FixtureRequest
+    isolation: str, local_root: Path, request: pytest.FixtureRequest, unretrieved: list[str]
 ) -> None:
     """A second cancel, landing while the first one's cleanup runs, does not cut that cleanup short."""
     if isolation == "bwrap":
         request.getfixturevalue("bwrap_ready")
-    unretrieved: list[str] = []
-    asyncio.get_running_loop().set_exception_handler(lambda _, context: unretrieved.append(context["message"]))
     async with orchard.Client(orchard.LocalConfig(root=str(local_root), isolation=isolation)) as client:
         async with client.sandbox() as sb:  # the fork server is up: the starts below are quick
             await sb.exec("true")
         for i in range(60):
-            start = asyncio.create_task(client.create())
-            await asyncio.sleep(i / 2000)  # the first cancel at a different step of the start each time
-            start.cancel()
-            for _ in range(i % 4):  # the second while the first one's cleanup runs
-                await asyncio.sleep(0)
-            start.cancel()
-            try:
-                sb = await start
-            except asyncio.CancelledError:
-                pass
-            else:  # started before the cancels landed
-                await sb.aclose()
-            assert leftovers(local_root) == [], f"cancelled after {i / 2:g} ms, again {i % 4} turns later"
-            # A killed bwrap's namespace init dies with it (--die-with-parent), a moment later.
+            # The first cancel at a different step of the start each time, the second 0 to 1.5 ms later.
+            await cancel_twice(asyncio.create_task(client.create()), i / 2000, (i % 4) / 2000)
+            assert leftovers(local_root) == [], f"cancelled after {i / 2:g} ms, again {i % 4 / 2:g} ms later"
+            # Killed bwraps' namespace inits die with them (--die-with-parent), a moment later; one killed before
+            # its setup was done stayed for good.
             await eventually(lambda: executors_under(local_root) == [], what="no processes left under the root")
     gc.collect()
     assert unretrieved == []

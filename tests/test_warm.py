@@ -141,13 +141,11 @@ def test_the_sync_client_takes_warm_pools_too(local_root: Path) -> None:
 @pytest.mark.filterwarnings("ignore::orchard.errors.UnisolatedWarning")
 @pytest.mark.parametrize("isolation", ["none", "bwrap"])
 async def test_closing_the_client_while_its_pool_refills_leaves_nothing(
-    isolation: str, local_root: Path, request: pytest.FixtureRequest
+    isolation: str, local_root: Path, request: pytest.FixtureRequest, unretrieved: list[str]
 ) -> None:
     """The close cancels the refills' starts twice (as the Client's starts, then as the pool's): each still cleans up."""
     if isolation == "bwrap":
         request.getfixturevalue("bwrap_ready")
-    unretrieved: list[str] = []
-    asyncio.get_running_loop().set_exception_handler(lambda _, context: unretrieved.append(context["message"]))
     for i in range(12):
         async with orchard.Client(
             orchard.LocalConfig(root=str(local_root), isolation=isolation), warm={"local": 8}

@@ -8,6 +8,7 @@ import pytest
 from docker_support import BUSYBOX, containers
 
 import orchard
+from support import cancel_twice
 
 pytestmark = pytest.mark.docker
 
@@ -38,15 +39,6 @@ async def test_a_start_cancelled_twice_has_removed_its_container_when_it_returns
     async with orchard.Client("docker") as client:
         mine = f"orchard.dev/session={client.session_id}"
         for i in range(8):
-            start = asyncio.create_task(client.create(BUSYBOX))
-            await asyncio.sleep(i / 20)  # the first cancel at a different step of the start each time
-            start.cancel()
-            await asyncio.sleep(0.01)  # the second while the first one's cleanup runs
-            start.cancel()
-            try:
-                sb = await start
-            except asyncio.CancelledError:
-                pass
-            else:
-                await sb.aclose()
+            # The first cancel at a different step of the start each time, the second 10 ms later.
+            await cancel_twice(asyncio.create_task(client.create(BUSYBOX)), i / 20, 0.01)
             assert containers(mine) == [], f"cancelled after {i * 50} ms"

@@ -9,6 +9,7 @@ from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio.client.api_client import ApiClient
 
 import orchard
+from support import cancel_twice
 
 pytestmark = pytest.mark.k8s
 
@@ -46,15 +47,6 @@ async def test_a_start_cancelled_twice_has_deleted_its_pod_when_it_returns(
     config = orchard.KubernetesConfig(namespace=k8s_namespace, kubeconfig=kubeconfig)
     async with orchard.Client(config) as client:
         for delay in (0.2, 0.6, 1.2):
-            start = asyncio.create_task(client.create(BUSYBOX))
-            await asyncio.sleep(delay)  # the first cancel at a different step of the start each time
-            start.cancel()
-            await asyncio.sleep(0)  # the second while the first one's cleanup runs
-            start.cancel()
-            try:
-                sb = await start
-            except asyncio.CancelledError:
-                pass
-            else:
-                await sb.aclose()
+            # The first cancel at a different step of the start each time, the second at the next loop turn.
+            await cancel_twice(asyncio.create_task(client.create(BUSYBOX)), delay, 0)
             assert await pods(k8s_api, k8s_namespace, client.session_id) == set(), f"cancelled after {delay} s"

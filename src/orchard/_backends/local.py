@@ -844,6 +844,7 @@ class LocalBackend:
         bwrap: asyncio.subprocess.Process | None = None
         child: dict[str, int] = {}
         proc: ForkedExecutor | None = None
+        placing: asyncio.Future[tuple[asyncio.subprocess.Process, dict[str, int]]] | None = None
         forking: asyncio.Future[ForkedExecutor] | None = None
         try:
             # In the try: a start cancelled even here (a rollout's cancel) leaves no directory or pipe behind.
@@ -852,17 +853,22 @@ class LocalBackend:
                 if self._bwrap:
                     hold_r, hold_w = os.pipe()
                     sent.append(hold_w)
-                    bwrap, child = await self._placeholder(
-                        sandbox_id,
-                        directory,
-                        workdir,
-                        env,
-                        hold_r,
-                        err_w,
-                        stderr,
-                        network=slirp4netns is not None,
-                        shm=shm,
+                    # Shielded: a bwrap killed before its setup is done can leave its namespace's first process
+                    # behind for good; a start cancelled meanwhile waits for the setup, then ends it.
+                    placing = asyncio.ensure_future(
+                        self._placeholder(
+                            sandbox_id,
+                            directory,
+                            workdir,
+                            env,
+                            hold_r,
+                            err_w,
+                            stderr,
+                            network=slirp4netns is not None,
+                            shm=shm,
+                        )
                     )
+                    bwrap, child = await asyncio.shield(placing)
                     namespaces = _pin_namespaces(sandbox_id, child)
                 request = {
                     "argv": options,
@@ -881,7 +887,14 @@ class LocalBackend:
                 proc = await asyncio.shield(forking)
         except BaseException as exc:
 
-            async def abandon(proc: ForkedExecutor | None) -> None:
+            async def abandon(proc: ForkedExecutor | None, bwrap: asyncio.subprocess.Process | None) -> None:
+                if placing is not None and bwrap is None:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(asyncio.wait([placing]), 5)
+                    if not placing.done():
+                        placing.cancel()  # a stuck bwrap: killed as it is
+                    elif not placing.cancelled() and placing.exception() is None:
+                        bwrap = placing.result()[0]
                 if forking is not None and proc is None:
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(asyncio.wait([forking]), 5)
@@ -907,7 +920,7 @@ class LocalBackend:
                 os.close(ready_r)
                 _unix.remove_tree(directory)
 
-            await finish(abandon(proc))
+            await finish(abandon(proc, bwrap))
             if isinstance(exc, TimeoutError):
                 raise _not_ready(sandbox_id, spec) from None
             raise
@@ -975,7 +988,7 @@ class LocalBackend:
                 raw = await _read_pipe(info, b"}")
                 if raw.endswith(b"}") and await _read_pipe(up, b"\n") == b"\n":
                     return bwrap, json.loads(raw)
-        except BaseException:  # cancelled (a timeout): the caller never learns of this bwrap
+        except BaseException:  # cancelled: only when its setup is stuck (see _start_forked)
             with contextlib.suppress(ProcessLookupError):
                 bwrap.kill()
             await finish(bwrap.wait())
