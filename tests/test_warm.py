@@ -146,14 +146,14 @@ async def test_closing_the_client_while_its_pool_refills_leaves_nothing(
     """The close cancels the refills' starts twice (as the Client's starts, then as the pool's): each still cleans up."""
     if isolation == "bwrap":
         request.getfixturevalue("bwrap_ready")
-    for i in range(12):
+    for i in range(6):
         async with orchard.Client(
             orchard.LocalConfig(root=str(local_root), isolation=isolation), warm={"local": 8}
         ) as client:
             async with client.sandbox() as sb:  # the first claim starts the pool, which refills at once
                 await sb.exec("true")
-            await asyncio.sleep(i / 200)  # the close lands at a different step of the refills each time
-        assert os.listdir(local_root) == [], f"closed {i * 5} ms after the first sandbox"
+            await asyncio.sleep(i / 100)  # the close lands at a different step of the refills each time
+        assert os.listdir(local_root) == [], f"closed {i * 10} ms after the first sandbox"
         await eventually(lambda: workdir_executors(local_root) == [], what="no executors left")
     gc.collect()
     assert unretrieved == []
