@@ -786,3 +786,21 @@ async def test_stream_tar_of_a_file_swapped_while_archived_is_an_unsafe_archive(
         swapper.join()
     assert caught is not None
     assert caught.error == error("unsafe_archive", "tar member 'f' was replaced while it was archived", str(src))
+
+
+async def test_stream_tar_of_one_file_past_its_caps_names_that_file(tmp_path: Path) -> None:
+    # A file (or a symlink, even to a directory) is archived as one member under its own name:
+    # the path is the file's, not that name joined under it.
+    (tmp_path / "big.bin").write_bytes(b"12345")
+    src = str(tmp_path / "big.bin")
+    with pytest.raises(ExecutorError) as exc:
+        await collect(files.stream_tar(src, max_bytes=4))
+    assert exc.value.error == error(
+        "too_large", "tar member 'big.bin' takes the archive past the limit of 4 bytes (max_bytes)", src
+    )
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "link").symlink_to("dir")
+    link = str(tmp_path / "link")
+    with pytest.raises(ExecutorError) as exc:
+        await collect(files.stream_tar(link, max_members=0))
+    assert exc.value.error == error("too_large", "tar member 'link' is past the limit of 0 members (max_members)", link)

@@ -219,7 +219,9 @@ async def stream_tar(
             yield chunk
     except tarstream.Refused as exc:
         if exc.rule in ("bytes", "members"):
-            raise ExecutorError("too_large", str(exc), os.path.join(src, exc.member or "")) from exc
+            # A directory's members are named from inside it; anything else is one member under its own name.
+            inside = os.path.isdir(src) and not os.path.islink(src)
+            raise ExecutorError("too_large", str(exc), os.path.join(src, exc.member or "") if inside else src) from exc
         raise ExecutorError("unsafe_archive", str(exc), src) from exc
     except OSError as exc:
         raise ExecutorError.from_os_error(exc, src) from exc
