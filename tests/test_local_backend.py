@@ -8,6 +8,7 @@ sandbox.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import os
 import secrets
@@ -438,3 +439,24 @@ async def test_a_start_cancelled_twice_still_deletes_what_it_began(
             await eventually(lambda: executors_under(local_root) == [], what="no processes left under the root")
     gc.collect()
     assert unretrieved == []
+
+
+@pytest.mark.parametrize("closing", ["sandbox", "client"])
+async def test_a_close_cancelled_midway_still_deletes_the_sandbox(local_root: Path, closing: str) -> None:
+    """``sb.aclose()`` and ``client.aclose()`` finish before the cancel is raised: nothing is left half closed."""
+    async with orchard.Client(orchard.LocalConfig(root=str(local_root), isolation="none")) as client:
+        for delay in (0, 0.0005, 0.001, 0.002, 0.005):
+            sb = await client.create()
+            await sb.exec("true")
+            pid = (await sb.info()).pid
+            close = asyncio.create_task(sb.aclose() if closing == "sandbox" else client.aclose())
+            await asyncio.sleep(delay)
+            close.cancel()
+            await asyncio.sleep(0)
+            close.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await close
+            assert leftovers(local_root) == [], f"cancelled {delay * 1000:g} ms into the close"
+            assert not host_pid_alive(pid)
+            if closing == "client":
+                break  # closed for good

@@ -464,11 +464,15 @@ class Client:
         """Delete every sandbox still open, then release the pool and backend.
 
         Calls in flight on those sandboxes fail at once with ``SandboxClosed``;
-        so do creates in flight, once what they had begun is deleted.
+        so do creates in flight, once what they had begun is deleted. A task
+        cancelled while this runs is cancelled once the close is done.
         """
         if self._closed:
             return
         self._closed = True
+        await finish(self._closing())
+
+    async def _closing(self) -> None:
         starting = list(self._starting)
         for start in starting:
             start.cancel()

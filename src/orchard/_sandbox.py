@@ -288,10 +288,15 @@ class Sandbox:
 
         Calls still in flight (an ``exec`` of another task, say) fail at once
         with ``SandboxClosed``; their commands are killed with the sandbox.
+        A task cancelled while this runs is cancelled once the sandbox is
+        deleted: a close is never left half done.
         """
         if self._closed:
             return
         self._closed = True
+        await finish(self._closing())
+
+    async def _closing(self) -> None:
         try:
             for hook in reversed(self._on_close):
                 await hook()
