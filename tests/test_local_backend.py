@@ -441,6 +441,20 @@ async def test_a_start_cancelled_twice_still_deletes_what_it_began(
     assert unretrieved == []
 
 
+async def test_a_start_cancelled_during_its_spawn_leaves_nothing_without_the_fork_server(
+    local_root: Path, bwrap_ready: None, unretrieved: list[str]
+) -> None:
+    """``fork=False``: a cancel while bwrap and the executor are being spawned no longer kills bwrap mid-setup."""
+    async with orchard.Client(orchard.LocalConfig(root=str(local_root), isolation="bwrap", fork=False)) as client:
+        for i in range(12):
+            await cancel_twice(asyncio.create_task(client.create()), i / 1000, 0)
+            assert leftovers(local_root) == [], f"cancelled after {i} ms"
+            # A killed bwrap before its setup was done left its namespace's first process behind for good.
+            await eventually(lambda: executors_under(local_root) == [], what="no processes left under the root")
+    gc.collect()
+    assert unretrieved == []
+
+
 @pytest.mark.parametrize("closing", ["sandbox", "client"])
 async def test_a_close_cancelled_midway_still_deletes_the_sandbox(local_root: Path, closing: str) -> None:
     """``sb.aclose()`` and ``client.aclose()`` finish before the cancel is raised: nothing is left half closed."""

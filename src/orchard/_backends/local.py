@@ -761,8 +761,11 @@ class LocalBackend:
             argv = [*isolated, *executor]
         else:
             argv = executor
-        try:
-            proc = await asyncio.create_subprocess_exec(
+        # Shielded: asyncio kills a process whose spawn is cancelled, and a bwrap killed before its setup is done
+        # can leave its namespace's first process behind for good. A start cancelled meanwhile lets the spawn
+        # end, then ends the executor by its stdin.
+        spawning = asyncio.ensure_future(
+            asyncio.create_subprocess_exec(
                 *argv,
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.DEVNULL,
@@ -771,16 +774,31 @@ class LocalBackend:
                 env=env,
                 pass_fds=(ready_w, *data.values()) + ((info_w,) if slirp4netns else ()),
             )
-        except OSError as exc:
-            os.close(ready_r)
-            if slirp4netns:
-                os.close(info_r)
-            _unix.remove_tree(directory)
-            raise SandboxStartError(
-                f"cannot run the executor with {self._python!r}: {exc}; set LocalConfig(python=...)",
-                sandbox_id=sandbox_id,
-                reason="spawn",
-            ) from exc
+        )
+        try:
+            proc = await asyncio.shield(spawning)
+        except BaseException as exc:
+
+            async def abandon() -> None:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(asyncio.wait([spawning]), 5)
+                if not spawning.done():
+                    spawning.cancel()
+                elif not spawning.cancelled() and spawning.exception() is None:
+                    await LocalInstance(sandbox_id, directory, spawning.result(), None).delete()
+                os.close(ready_r)
+                if slirp4netns:
+                    os.close(info_r)
+                _unix.remove_tree(directory)
+
+            await finish(abandon())
+            if isinstance(exc, OSError):
+                raise SandboxStartError(
+                    f"cannot run the executor with {self._python!r}: {exc}; set LocalConfig(python=...)",
+                    sandbox_id=sandbox_id,
+                    reason="spawn",
+                ) from exc
+            raise
         finally:
             os.close(ready_w)
             if slirp4netns:
