@@ -179,8 +179,8 @@ def test_open_regular_without_follow_refuses_a_symlink_even_to_a_file_out_of_the
     outside.write_bytes(b"secret")
     root = tmp_path / "root"
     root.mkdir()
+    (root / "file").write_bytes(b"inside")
     for name, target in (("in", "file"), ("out", str(outside)), ("up", "../outside")):
-        (root / "file").write_bytes(b"inside")
         link = root / name
         link.symlink_to(target)
         with pytest.raises(ExecutorError) as exc:
@@ -221,9 +221,22 @@ def test_open_regular_refuses_a_device(tmp_path: Path) -> None:
 def test_open_regular_refuses_a_fifo_without_waiting_for_a_writer(tmp_path: Path) -> None:
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
-    with pytest.raises(ExecutorError) as exc:
-        files.open_regular(str(fifo), follow=False)
-    assert exc.value.error == error("bad_request", f"{fifo} is not a regular file", str(fifo))
+    errors: list[Error] = []
+
+    def open_it() -> None:
+        try:
+            files.open_regular(str(fifo), follow=False)
+        except ExecutorError as exc:
+            errors.append(exc.error)
+
+    opener = threading.Thread(target=open_it)
+    opener.start()
+    opener.join(5)
+    if opener.is_alive():
+        os.close(os.open(fifo, os.O_WRONLY))  # a writer releases the open waiting for one
+        opener.join()
+        pytest.fail("opening a FIFO waited for a writer")
+    assert errors == [error("bad_request", f"{fifo} is not a regular file", str(fifo))]
 
 
 # -- read_at ----------------------------------------------------------------------
