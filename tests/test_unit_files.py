@@ -111,7 +111,10 @@ def unwritable(directory: Path) -> Iterator[int]:
         try:
             _set_immutable(directory, True)
         except OSError as exc:
-            pytest.skip(f"no immutable flag on this file system ({exc.strerror})")
+            pytest.fail(
+                f"this test needs the immutable flag on {directory}'s file system (it could not run): {exc.strerror}",
+                pytrace=False,
+            )
         try:
             yield errno.EPERM
         finally:
