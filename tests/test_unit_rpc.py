@@ -1232,6 +1232,26 @@ async def test_a_probe_answered_after_a_refusal_keeps_the_request_waiting(server
     assert server.diagnosed == 0
 
 
+async def test_a_closed_session_fails_the_waiting_requests_at_the_probe(server: Fake, rpc: ExecutorClient) -> None:
+    server.reply = silent
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    task = asyncio.create_task(rpc.call("GET", "/v1/info", Info, timeout=None))
+    while not server.seen:
+        await asyncio.sleep(0.01)
+    # The Client's session closed while the request waits on a connection of its own.
+    closed = aiohttp.ClientSession()
+    await closed.close()
+    rpc._session = closed
+    with pytest.raises(errors.SandboxClosed) as info:
+        await bounded(task)
+    # At the first probe, and without the watchdog spinning the loop after it (it once did, until the test's timeout).
+    assert loop.time() - start < LIVE + 0.5
+    assert str(info.value) == f"sandbox {SID}: its HTTP session was closed"
+    assert info.value.sandbox_id == SID
+    assert (server.probes, server.diagnosed) == (0, 0)
+
+
 # The helpers
 
 

@@ -597,8 +597,13 @@ class ExecutorClient:
         """While requests wait, probe an executor that has been silent for ``liveness_timeout``."""
         loop = asyncio.get_running_loop()
         try:
-            while self._flights:
-                due = max(min(f.started for f in self._flights), self._alive_at) + self._liveness_timeout
+            while True:
+                # A flight already failed is leaving: waiting for it would spin, since it leaves when its
+                # task next runs, and a probe that fails without awaiting (a closed session) never yields.
+                waiting = [f for f in self._flights if f.error is None]
+                if not waiting:
+                    break
+                due = max(min(f.started for f in waiting), self._alive_at) + self._liveness_timeout
                 if loop.time() < due:
                     await asyncio.sleep(due - loop.time())
                     continue
