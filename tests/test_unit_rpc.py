@@ -463,7 +463,7 @@ async def test_a_reply_begun_and_never_finished_times_out_after_read_timeout(ser
     # A command timeout of 5 s: only the body's own deadline, read_timeout, can end it this soon.
     with pytest.raises(errors.SandboxTimeout) as info:
         await bounded(rpc.call("POST", "/v1/exec", ExecResult, ExecRequest(cmd="true"), timeout=5.0))
-    assert loop.time() - start < 2.0
+    assert loop.time() - start < 4.0  # read_timeout (0.3 s), not the 5 s command timeout; loose for a loaded machine
     assert str(info.value) == (
         f"sandbox {SID}: the executor began a reply to POST /v1/exec but did not finish it within "
         f"read_timeout={READ:g}s (a Client option)"
@@ -1205,7 +1205,7 @@ async def test_a_request_without_a_deadline_fails_once_the_executor_stops_answer
     with pytest.raises(errors.SandboxTimeout) as info:
         await bounded(rpc.call("POST", "/v1/exec", ExecResult, ExecRequest(cmd="sleep 9"), timeout=None))
     took = loop.time() - start
-    assert 2 * LIVE - 0.05 < took < 2 * LIVE + 0.5
+    assert 2 * LIVE - 0.05 < took < 2 * LIVE + 3  # two liveness periods, well before BOUND; loose for a loaded machine
     assert str(info.value) == (
         f"sandbox {SID}: the executor at {server.url} stopped answering: a request waited {LIVE:g}s and /healthz "
         f"then got no answer within liveness_timeout={LIVE:g}s (a Client option); it is frozen, overloaded or cut "
@@ -1253,7 +1253,7 @@ async def test_a_closed_session_fails_the_waiting_requests_at_the_probe(server: 
     with pytest.raises(errors.SandboxClosed) as info:
         await bounded(task)
     # At the first probe, and without the watchdog spinning the loop after it (it once did, until the test's timeout).
-    assert loop.time() - start < LIVE + 0.5
+    assert loop.time() - start < LIVE + 3  # loose for a loaded machine
     assert str(info.value) == f"sandbox {SID}: its HTTP session was closed"
     assert info.value.sandbox_id == SID
     assert (server.probes, server.diagnosed) == (0, 0)
