@@ -346,31 +346,3 @@ async def test_closing_the_client_during_a_create_fails_it_and_leaves_nothing(
         await asyncio.wait_for(creating, 10)
     assert list(local_root.iterdir()) == []
     assert [argv for _, _, argv in host_processes() if str(local_root).encode() in b" ".join(argv)] == []
-
-
-async def test_a_request_failed_while_a_cancel_is_swallowed_below_it_leaves_its_task_uncancelled() -> None:
-    """``_Flight``: the cancel that fails a request, swallowed by code below (Python 3.11's ``wait_for`` can),
-    is taken back: the task must not stay cancelling, or the next check of it (a rollout's) ends it silently."""
-    from orchard._rpc import _Flight
-
-    flights: set[_Flight] = set()
-    waiting = asyncio.Event()
-
-    async def request() -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        with _Flight(flights, task, 0.0):
-            waiting.set()
-            try:
-                await asyncio.sleep(3600)
-            except asyncio.CancelledError:
-                pass  # swallowed below the flight
-            raise errors.SandboxLost("what the request found itself", reason="Deleted")
-
-    task = asyncio.create_task(request())
-    await waiting.wait()
-    [flight] = flights
-    flight.fail(errors.SandboxLost("the watch saw the pod end", reason="Deleted"))
-    with pytest.raises(errors.SandboxLost, match="found itself"):
-        await task
-    assert task.cancelling() == 0

@@ -1150,6 +1150,8 @@ async def test_a_request_made_while_its_task_is_cancelling_still_fails_with_sand
 
 
 async def test_a_request_failed_while_a_cancel_is_swallowed_below_it_leaves_its_task_uncancelled() -> None:
+    """``_Flight``: the cancel that fails a request, swallowed by code below (Python 3.11's ``wait_for`` can),
+    is taken back: the task must not stay cancelling, or the next check of it (a rollout's) ends it silently."""
     flights: set[_Flight] = set()
     waiting = asyncio.Event()
 
