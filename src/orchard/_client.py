@@ -109,7 +109,7 @@ class Client:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        await finish(self.aclose())
+        await self.aclose()  # it finishes whatever cancels come
 
     async def _ensure_open(self) -> tuple[Backend, aiohttp.ClientSession]:
         if self._closed:
@@ -208,14 +208,14 @@ class Client:
             except BaseException:
                 if wiring is not None:
                     wiring.forget()
-                await finish(sb.aclose())
+                await sb.aclose()
                 raise
             sb.timings["restore"] = time.monotonic() - t0
         if wiring is not None:
             try:
                 await wiring.connect(sb)
             except BaseException:
-                await finish(sb.aclose())
+                await sb.aclose()
                 raise
         return sb
 
@@ -306,7 +306,7 @@ class Client:
                 raise closed from None
             if start.done() and not start.cancelled() and start.exception() is None:
                 # Cancelled as its start ended: the caller never gets the sandbox, so nobody else would close it.
-                await finish(start.result().aclose())
+                await start.result().aclose()
             raise  # the caller's own cancel
         if self._closed:  # started as the Client closed, which closes it
             raise closed

@@ -308,7 +308,7 @@ class Sandbox:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        await finish(self.aclose())
+        await self.aclose()  # it finishes whatever cancels come
 
     # Commands
 

@@ -31,7 +31,6 @@ import msgspec
 
 from orchard_executor.protocol import ExecResult, ExitEvent, OutputEvent, ProcessStatus
 
-from ._finish import finish
 from .errors import ConfigError, TraceError
 
 #: The ``"v"`` of every record; raised when a field changes meaning or goes away.
@@ -153,7 +152,7 @@ class Recorder:
             self.emit(kind, start, time.perf_counter() - t0, fields | {"timings": sb.timings}, None)
         except BaseException:
             self.close()
-            await finish(sb.aclose())
+            await sb.aclose()
             raise
         sb._trace = self
         return sb

@@ -32,7 +32,7 @@ import tempfile
 import time
 import warnings
 from collections.abc import Coroutine
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, TypeVar
 
 import aiohttp
 import msgspec
@@ -350,6 +350,24 @@ async def _read_pipe(pipe: BinaryIO, separator: bytes) -> bytes:
         return exc.partial
     finally:
         transport.close()
+
+
+T = TypeVar("T")
+
+
+async def _outcome(step: asyncio.Future[T]) -> T | None:
+    """What a shielded step of a cancelled start came to: its result, or None if it failed or is stuck.
+
+    It is given 5 s; a step still going then is cancelled.
+    """
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(asyncio.wait([step]), 5)
+    if not step.done():
+        step.cancel()
+        return None
+    if step.cancelled() or step.exception() is not None:
+        return None
+    return step.result()
 
 
 class LocalInstance:
@@ -780,12 +798,8 @@ class LocalBackend:
         except BaseException as exc:
 
             async def abandon() -> None:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(asyncio.wait([spawning]), 5)
-                if not spawning.done():
-                    spawning.cancel()
-                elif not spawning.cancelled() and spawning.exception() is None:
-                    await LocalInstance(sandbox_id, directory, spawning.result(), None).delete()
+                if (spawned := await _outcome(spawning)) is not None:
+                    await LocalInstance(sandbox_id, directory, spawned, None).delete()
                 os.close(ready_r)
                 if slirp4netns:
                     os.close(info_r)
@@ -906,20 +920,11 @@ class LocalBackend:
         except BaseException as exc:
 
             async def abandon(proc: ForkedExecutor | None, bwrap: asyncio.subprocess.Process | None) -> None:
-                if placing is not None and bwrap is None:
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(asyncio.wait([placing]), 5)
-                    if not placing.done():
-                        placing.cancel()  # a stuck bwrap: killed as it is
-                    elif not placing.cancelled() and placing.exception() is None:
-                        bwrap = placing.result()[0]
+                # A stuck bwrap is killed as it is; a stuck zygote's fork, if it comes, finds its stdin closed.
+                if placing is not None and bwrap is None and (placed := await _outcome(placing)) is not None:
+                    bwrap = placed[0]
                 if forking is not None and proc is None:
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(asyncio.wait([forking]), 5)
-                    if not forking.done():
-                        forking.cancel()  # a stuck zygote: the fork, if it comes, finds its stdin closed
-                    elif not forking.cancelled() and forking.exception() is None:
-                        proc = forking.result()
+                    proc = await _outcome(forking)
                 if proc is not None:
                     proc.stdin.close()
                     with contextlib.suppress(ProcessLookupError):
