@@ -66,6 +66,8 @@ async def main() -> None:
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--json", help="write the figures here")
     args = parser.parse_args()
+    if args.runs < 1:
+        parser.error(f"--runs must be 1 or more, not {args.runs}")
     warnings.simplefilter("ignore", UnisolatedWarning)
     caught, baseline = [], []
     with tempfile.TemporaryDirectory() as root:
