@@ -17,7 +17,9 @@ import os
 import shutil
 import socket
 import stat
+import subprocess
 import tarfile
+import threading
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -1189,3 +1191,90 @@ async def test_a_restore_sets_no_mode_through_a_symlink_that_later_replaced_a_di
     await restore(data, dest)
     assert os.readlink(dest / "d") == str(outside)
     assert (stat.S_IMODE(os.stat(outside).st_mode), os.stat(outside).st_mtime) == (0o755, 1_000_000)
+
+
+async def test_a_restore_sets_the_modes_of_the_directories_before_one_a_symlink_replaced(tmp_path: Path) -> None:
+    # Directories are finished deepest (latest) first: one replaced by a symlink is passed over, not the end.
+    data = tar_bytes(
+        [
+            member("a", type=tarfile.DIRTYPE, mode=0o751),
+            member("b", type=tarfile.DIRTYPE, mode=0o700),
+            member("b", type=tarfile.SYMTYPE, linkname="a"),
+        ]
+    )
+    await restore(data, tmp_path / "r")
+    assert os.readlink(tmp_path / "r" / "b") == "a"
+    assert stat.S_IMODE(os.lstat(tmp_path / "r" / "a").st_mode) == 0o751
+
+
+async def test_a_refusal_after_the_staging_directory_vanished_is_still_the_refusal(tmp_path: Path) -> None:
+    # Undoing removes what is left of the staging directory: that nothing is left is no second error.
+    data = tar_bytes([member("../x", b"x")])
+
+    async def stream() -> AsyncIterator[bytes]:
+        yield data[:100]  # not yet a whole header: the worker waits for the rest
+        while not (staged := list(tmp_path.glob(".dest.*.orchard-part"))):
+            await asyncio.sleep(0.01)
+        shutil.rmtree(staged[0])
+        yield data[100:]
+
+    with pytest.raises(tarstream.Refused) as info:
+        await tarstream.extract(stream(), str(tmp_path / "dest"))
+    assert info.value.rule == "path"
+    assert os.listdir(tmp_path) == []
+
+
+def daemons(name: str) -> list[bool]:
+    """Whether each running thread of that name is a daemon (an earlier test's may be ending)."""
+    return [t.daemon for t in threading.enumerate() if t.name == name]
+
+
+async def test_extract_unpacks_in_a_daemon_thread_named_orchard_untar(tmp_path: Path) -> None:
+    # A daemon, so that a stream never ended cannot keep the process from exiting; named for thread dumps.
+    data = tar_bytes([member("f", b"f")])
+    seen: list[bool] = []
+
+    async def stream() -> AsyncIterator[bytes]:
+        yield data[:100]
+        seen.extend(daemons("orchard-untar"))
+        yield data[100:]
+
+    await tarstream.extract(stream(), str(tmp_path / "d"))
+    assert seen
+    assert all(seen)
+    assert (tmp_path / "d" / "f").read_bytes() == b"f"
+
+
+async def test_archive_tars_in_a_daemon_thread_named_orchard_tar(tmp_path: Path) -> None:
+    # More than the queue and the buffer hold, so the worker is still writing when the first chunk arrives.
+    (tmp_path / "big").write_bytes(os.urandom(8 * tarstream.CHUNK + tarstream._DEPTH * tarstream.CHUNK))
+    stream = tarstream.archive(str(tmp_path / "big"))
+    try:
+        await anext(stream)
+        seen = daemons("orchard-tar")
+        assert seen
+        assert all(seen)
+    finally:
+        await stream.aclose()  # type: ignore[attr-defined]
+
+
+async def test_archive_yields_chunks_of_chunk_bytes(tmp_path: Path) -> None:
+    # Few large chunks, not many small ones: each is a message to the other side.
+    (tmp_path / "big").write_bytes(os.urandom(4 * tarstream.CHUNK))
+    sizes = [len(c) async for c in tarstream.archive(str(tmp_path / "big"))]
+    assert len(sizes) <= 4 + 2, sizes  # 4 chunks of data, the header and end blocks, a partial chunk
+
+
+async def test_a_file_bind_mounted_twice_in_the_tree_is_archived_twice_not_as_a_hardlink(tmp_path: Path) -> None:
+    # One inode at two names, but with one link: a hardlink member would make two names of what are two files.
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a").write_bytes(b"a")
+    (src / "b").write_bytes(b"")
+    if subprocess.run(["mount", "--bind", str(src / "a"), str(src / "b")], capture_output=True).returncode:
+        pytest.fail("this test needs to bind-mount a file (it could not run): run it as root", pytrace=False)
+    try:
+        members = await archived(src)
+    finally:
+        subprocess.run(["umount", str(src / "b")], check=True)
+    assert [(m.name, m.type, m.size) for m in members] == [("a", tarfile.REGTYPE, 1), ("b", tarfile.REGTYPE, 1)]
