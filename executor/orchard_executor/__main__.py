@@ -23,19 +23,21 @@ else:
 
 import argparse
 import asyncio
+import functools
 import json
 import logging
 import resource
 import shutil
 import signal
 import socket
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from aiohttp import web
 
 from . import listener, reaper
 from .app import STATE, Settings, clean_environ, create_app
+from .protocol import API_VERSION
 
 if _read_ca_store is not None:
     _ssl.SSLContext.load_default_certs = _read_ca_store  # type: ignore[method-assign]
@@ -120,13 +122,22 @@ def tls_context(pem: str) -> ssl.SSLContext:
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
+    args = _parser().parse_args(argv)
+    if args.token_sha256 is None:
+        args.token_sha256 = os.environ.get("ORCHARD_EXECUTOR_TOKEN_SHA256")
+    return args
+
+
+@functools.cache
+def _parser() -> argparse.ArgumentParser:
+    """The argument parser, built once: a zygote builds it before it forks (argparse's gettext lookups cost ms)."""
     p = argparse.ArgumentParser(prog="orchard-executor", description=__doc__)
     p.add_argument("--host", default="0.0.0.0", help="address to listen on")
     p.add_argument("--port", type=int, default=8750, help="port to listen on (0: any free port)")
     p.add_argument("--unix", default=None, metavar="PATH", help="listen on a unix socket at PATH instead of TCP")
     p.add_argument(
         "--token-sha256",
-        default=os.environ.get("ORCHARD_EXECUTOR_TOKEN_SHA256"),
+        default=None,
         help="SHA-256 hex of the bearer token (default: $ORCHARD_EXECUTOR_TOKEN_SHA256)",
     )
     p.add_argument("--workdir", default=None, help="default working directory of commands")
@@ -145,7 +156,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--orphan-dir", default=None, help="a directory to delete if the executor exits after its parent died"
     )
-    return p.parse_args(argv)
+    return p
 
 
 async def _watch_stdin(stop: asyncio.Event) -> None:
@@ -188,8 +199,16 @@ def with_path_appended(env: dict[str, str], dirs: str | None) -> dict[str, str]:
     return env | {"PATH": f"{env.get('PATH') or DEFAULT_PATH}:{dirs}"}
 
 
-async def serve(args: argparse.Namespace, environ: dict[str, str] | None = None) -> str:
-    """Serve until told to stop; returns why it stopped (``environ``: the commands' environment, if not ours)."""
+async def serve(
+    args: argparse.Namespace,
+    environ: dict[str, str] | None = None,
+    *,
+    then: Callable[[], Awaitable[None]] | None = None,
+) -> str:
+    """Serve until told to stop; returns why it stopped (``environ``: the commands' environment, if not ours).
+
+    ``then``: called once serving; the executor stops when it returns (``preload``'s requests).
+    """
     if not args.token_sha256:
         raise SystemExit("orchard-executor: a token hash is required (--token-sha256); it never runs without auth")
     pem = os.environ.pop(TLS_ENV, "")
@@ -248,6 +267,8 @@ async def serve(args: argparse.Namespace, environ: dict[str, str] | None = None)
         port = 0 if args.unix else sock.getsockname()[1]
         os.write(args.ready_fd, json.dumps({"port": port, "pid": os.getpid()}).encode() + b"\n")
         os.close(args.ready_fd)
+    if then is not None:
+        watchers.append(asyncio.create_task(_stop_after(then, state.stop)))
     try:
         await state.stopped.wait()
     finally:
@@ -263,9 +284,79 @@ async def serve(args: argparse.Namespace, environ: dict[str, str] | None = None)
     return reason
 
 
+async def _stop_after(then: Callable[[], Awaitable[None]], stop: Callable[[str], None]) -> None:
+    try:
+        await then()
+    finally:
+        stop("preloaded")
+
+
 async def _stop_when(event: asyncio.Event, stop: Callable[[str], None], reason: str) -> None:
     await event.wait()
     stop(reason)
+
+
+#: The command ``preload`` asks its executor for: none by that name exists, so nothing runs.
+PRELOAD_COMMAND = "/nonexistent/orchard-preload"
+#: Seconds ``preload`` may take (it takes milliseconds): past them the zygote fails, and its client says why.
+PRELOAD_TIMEOUT = 10.0
+
+
+def preload() -> None:
+    """Do once, in a zygote before it forks any executor, what every executor does first.
+
+    A forked executor inherits this process's memory, so what an executor
+    builds lazily (the argument parser, the router's compiled patterns,
+    msgspec's type information, aiohttp's and asyncio's first-request state)
+    is built here once per client and not once per sandbox. It serves two
+    requests on a unix socket in a private directory, authenticated with a
+    token it forgets, and asks for a command that does not exist, so none
+    runs. Every thread it started has ended when it returns: a fork copies
+    only the forking thread, and a lock another one held would stay locked in
+    every executor.
+    """
+    import hashlib
+    import secrets
+    import tempfile
+    import threading
+
+    token = secrets.token_urlsafe(32)
+    with tempfile.TemporaryDirectory(prefix="orchard-preload-") as private:
+        path = os.path.join(private, "executor.sock")
+        args = _parse(
+            [
+                f"--unix={path}",
+                f"--token-sha256={hashlib.sha256(token.encode()).hexdigest()}",
+                f"--workdir={private}",
+                f"--state-dir={os.path.join(private, 'state')}",
+            ]
+        )
+
+        statuses: list[bytes] = []
+
+        async def requests() -> None:
+            body = json.dumps({"cmd": [PRELOAD_COMMAND]}).encode()
+            for head in (
+                "GET /healthz HTTP/1.1\r\nHost: preload\r\n\r\n",
+                f"POST /{API_VERSION}/exec HTTP/1.1\r\nHost: preload\r\nAuthorization: Bearer {token}\r\n"
+                f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n",
+            ):
+                reader, writer = await asyncio.open_unix_connection(path)
+                try:
+                    writer.write(head.encode() + (body if head.startswith("POST") else b""))
+                    statuses.append((await reader.readuntil(b"\r\n")).split(b" ")[1])
+                finally:
+                    writer.close()
+
+        asyncio.run(asyncio.wait_for(serve(args, {"PATH": DEFAULT_PATH}, then=requests), PRELOAD_TIMEOUT))
+    # The health check, and the command refused as not found: anything else is an executor that cannot serve.
+    if statuses != [b"200", b"404"]:
+        raise RuntimeError(f"orchard-executor: preload: the executor answered {statuses}, not [200, 404]")
+    for thread in threading.enumerate():
+        if thread is not threading.main_thread():
+            thread.join(PRELOAD_TIMEOUT)
+    if threading.active_count() > 1:
+        raise RuntimeError(f"orchard-executor: preload: threads still running: {threading.enumerate()}")
 
 
 def main(argv: list[str] | None = None, environ: dict[str, str] | None = None) -> None:

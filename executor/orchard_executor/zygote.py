@@ -20,7 +20,9 @@ inherits the executor and reports its exit status to the client. The reply
 to a request carries the executor's pid and a pidfd.
 
 The zygote holds nothing of the client's: it is a separate interpreter that
-imported the executor and nothing else. It exits when the client's end of
+imported the executor and nothing else, and before its first fork served
+two requests itself (``preload``), so that what an executor builds on its
+first request is built once, not in every sandbox. It exits when the client's end of
 the socket closes; its executors then see their stdin close and exit too.
 """
 
@@ -303,6 +305,7 @@ def main() -> None:
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
     os.close(devnull)
+    executor_main.preload()
     Zygote(sock).serve()
 
 
