@@ -191,3 +191,42 @@ async def test_the_zygote_answers_malformed_requests_with_an_error_and_keeps_ser
         assert zygote.wait(WAIT) == 0
         for fd in pipes:
             os.close(fd)
+
+
+def test_an_unisolated_fork_that_cannot_start_exits_with_its_reason_and_the_zygote_serves_on() -> None:
+    """Forked once, with no middle process to fail first: its error goes to its stderr and its exit status."""
+    from orchard._backends._forks import LAUNCH
+    from orchard._backends.local import _import_paths
+
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    zygote = subprocess.Popen(
+        [sys.executable, "-I", "-c", LAUNCH.format(paths=_import_paths())], stdin=theirs, stderr=subprocess.DEVNULL
+    )
+    theirs.close()
+    ours.settimeout(WAIT)
+    stdin_r, stdin_w = os.pipe()
+    err_r, err_w = os.pipe()
+    ready_r, ready_w = os.pipe()
+    try:
+        request = {"argv": [], "env": {}, "cwd": "/nonexistent/orchard-cwd", "hold": False, "namespaces": []}
+        socket.send_fds(ours, [json.dumps(request).encode()], [stdin_r, err_w, ready_w])
+        for fd in (stdin_r, err_w, ready_w):
+            os.close(fd)
+        reply, got, _, _ = socket.recv_fds(ours, 65536, 4)
+        pid = json.loads(reply)["pid"]
+        for fd in got:
+            os.close(fd)
+        exited, _, _, _ = socket.recv_fds(ours, 65536, 4)
+        assert json.loads(exited) == {"exit": pid, "status": 1}
+        with os.fdopen(err_r, "rb") as err:
+            assert b"FileNotFoundError: [Errno 2] No such file or directory: '/nonexistent/orchard-cwd'" in err.read()
+        with os.fdopen(ready_r, "rb") as ready:
+            assert ready.read() == b""  # never ready
+        # The next request is answered: the failed fork did not take the zygote's loop with it.
+        socket.send_fds(ours, [b"not json"], [])
+        assert "error" in json.loads(socket.recv_fds(ours, 65536, 4)[0])
+        assert zygote.poll() is None
+    finally:
+        ours.close()
+        assert zygote.wait(WAIT) == 0
+        os.close(stdin_w)

@@ -7,7 +7,8 @@ its stdin: one JSON request per message, with the new executor's stdin,
 stderr and ready pipe, and for an isolated sandbox the namespaces bubblewrap
 made for it (pinned and checked by the client), as SCM_RIGHTS.
 
-For each request it forks twice. The middle process joins the namespaces
+For an unisolated sandbox it forks the executor once, which starts a session
+of its own. For an isolated one it forks twice: the middle process joins the namespaces
 in the order given (for a non-root client, the user namespace owning the
 others first and the first process's own last; the pid namespace counts
 only for its child), drops every privilege (the bounding set, the capabilities,
@@ -250,14 +251,13 @@ class Zygote:
     def _start(self, request: dict[str, Any], fds: list[int]) -> tuple[int, int]:
         if len(fds) != _pipes(request) + len(request.get("namespaces", [])):
             raise ValueError(f"{len(fds)} fds for {len(request.get('namespaces', []))} namespaces")
+        if not request.get("namespaces") and not request.get("isolated"):
+            return self._start_direct(request, fds)
         report_r, report_w = os.pipe()
         try:
             middle = os.fork()
             if middle == 0:
-                signal.set_wakeup_fd(-1)
-                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-                signal.signal(signal.SIGINT, signal.SIG_DFL)
-                self.sock.close()
+                self._child()
                 os.close(report_r)
                 _middle(request, fds, report_w, self.last_cap)
             os.close(report_w)
@@ -277,6 +277,33 @@ class Zygote:
         pidfd = os.pidfd_open(pid)
         self.executors.add(pid)
         return pid, pidfd
+
+    def _start_direct(self, request: dict[str, Any], fds: list[int]) -> tuple[int, int]:
+        """An unisolated executor, forked once: no namespace to join, so no middle process (a fork less)."""
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                self._child()
+                os.dup2(fds[1], 2)
+                set_title(["orchard-executor", *(a for a in _argv(request) if not a.startswith("--token-sha256="))])
+                os.setsid()
+                os.chdir(request["cwd"])
+                _executor(request, fds)
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                os._exit(code)
+        pidfd = os.pidfd_open(pid)
+        self.executors.add(pid)
+        return pid, pidfd
+
+    def _child(self) -> None:
+        """In a fork: the zygote's signal handling and socket are not the child's."""
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        self.sock.close()
 
     def _reap(self) -> None:
         while True:
