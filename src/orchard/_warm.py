@@ -1,8 +1,10 @@
 """Warm pools: sandboxes started ahead of time and claimed at once (``Client(warm=...)``).
 
 A pool keeps ``size`` started, never-used sandboxes of one image and spec,
-and refills in the background. A claim takes the oldest ready one, checks
-its executor answers, and hands it out exactly once; an empty pool, a spec
+and refills in the background. Each is sent a first request as it
+starts (its connection, and what its executor sets up on a first request,
+are then ready when it is claimed). A claim takes the oldest ready one,
+checks its executor answers, and hands it out exactly once; an empty pool, a spec
 that differs, or a pooled sandbox that died means a cold start instead,
 never an error. A pool whose sandboxes fail to start backs off (0.5 s,
 doubling, up to 30 s) rather than looping.
@@ -18,6 +20,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from ._finish import finish
 from ._spec import SandboxSpec, make_spec
 from .errors import ConfigError, OrchardError, SandboxTimeout
 
@@ -126,6 +129,14 @@ class Pool:
     async def _start_one(self) -> None:
         self.starts += 1
         sb = await self._start()
+        try:
+            # A first request here, not in the claim: the connection, and what the executor sets up on its
+            # first request, are then ready when the claim's check and first command come.
+            async with asyncio.timeout(CLAIM_CHECK_TIMEOUT):
+                await sb.info()
+        except BaseException:
+            await finish(sb.aclose())
+            raise
         self._ready.append((time.monotonic(), sb))
         self.last_error = None
         self._changed.set()
