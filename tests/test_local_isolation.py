@@ -14,6 +14,9 @@ import secrets
 import shutil
 import signal
 import socket
+import stat
+import subprocess
+import tempfile
 import warnings
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -274,3 +277,71 @@ async def test_a_root_another_user_could_change_is_refused(tmp_path: Path, squat
         with pytest.raises(errors.ConfigError, match="not this user's own directory"):
             await client.create()
     assert os.listdir(root) == []
+
+
+def etc_dirs(parent: Path) -> list[str]:
+    return sorted(p.name for p in parent.iterdir()) if parent.exists() else []
+
+
+async def test_the_sandbox_etc_is_one_read_only_copy_of_the_allowlist_removed_with_the_client(
+    local_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from orchard._backends.local import _ETC
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    parent = tmp_path / f"orchard-etc-{os.getuid()}"
+    async with orchard.Client(orchard.LocalConfig(root=str(local_root))) as client:
+        async with client.sandbox() as a, client.sandbox() as b:
+            # One copy for the client's sandboxes (without a network), made at the first start.
+            (made,) = etc_dirs(parent)
+            assert made.startswith(f"etc-{os.getpid()}-")
+            assert stat.S_IMODE((parent / made).stat().st_mode) == 0o755
+            listed = (await a.exec(["ls", "-A", "/etc"])).stdout.split()
+            expected = {name.split("/")[0] for name in _ETC if os.path.lexists(f"/etc/{name}")}
+            assert set(listed) == expected | {"passwd", "group", "hosts"}
+            for name in ("debian_version", "ld.so.cache", "ssl/certs/ca-certificates.crt"):
+                if os.path.exists(f"/etc/{name}"):
+                    assert (await a.read_file(f"/etc/{name}")) == Path(f"/etc/{name}").read_bytes(), name
+            assert (await b.exec(["cat", "/etc/hosts"])).stdout.startswith("127.0.0.1 localhost orchard\n")
+            # Read-only: one sandbox cannot change what the next one (or its own programs) read.
+            r = await a.exec("echo 6.6.6.6 pypi.org >> /etc/hosts; echo x > /etc/new")
+            assert r.exit_code != 0
+            assert "Read-only file system" in r.stderr, r
+            assert (await b.exec(["cat", "/etc/hosts"])).stdout.count("\n") == 2
+    assert etc_dirs(parent) == []
+
+
+async def test_the_etc_of_a_client_that_died_is_removed_by_the_next_and_a_live_ones_kept(
+    local_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    parent = tmp_path / f"orchard-etc-{os.getuid()}"
+    parent.mkdir(mode=0o700)
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    (parent / f"etc-{dead.pid}-abc").mkdir()
+    (parent / f"etc-{dead.pid}-abc" / "hosts").write_text("left behind")
+    live = f"etc-{os.getppid()}-def"
+    (parent / live).mkdir()
+    (parent / "unrelated").mkdir()
+    async with orchard.Client(orchard.LocalConfig(root=str(local_root))) as client, client.sandbox():
+        left = etc_dirs(parent)
+        assert f"etc-{dead.pid}-abc" not in left
+        ours = [name for name in left if name.startswith(f"etc-{os.getpid()}-")]
+        assert len(ours) == 1
+        assert sorted(set(left) - set(ours)) == sorted([live, "unrelated"])
+    assert etc_dirs(parent) == sorted([live, "unrelated"])
+
+
+async def test_an_etc_directory_another_user_could_write_is_refused(
+    local_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another user who could write it could change what every sandbox's programs read (ld.so.conf.d)."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    parent = tmp_path / f"orchard-etc-{os.getuid()}"
+    parent.mkdir()
+    parent.chmod(0o777)
+    async with orchard.Client(orchard.LocalConfig(root=str(local_root))) as client:
+        with pytest.raises(errors.ConfigError, match=r"orchard-etc-\d+ is not this user's own directory .* TMPDIR"):
+            await client.create()
+    assert etc_dirs(parent) == []
