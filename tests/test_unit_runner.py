@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
+import shutil
+import signal
 import subprocess
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from orchard_executor.errors import ExecutorError
-from orchard_executor.runner import OutputBuffer, build_argv, spawn_error
+from orchard_executor.protocol import ExecRequest
+from orchard_executor.runner import OutputBuffer, build_argv, descendants, kill_tree, parents, run, spawn_error
 
 pytestmark = pytest.mark.unit
 
@@ -217,3 +223,109 @@ def test_spawn_error_for_a_file_that_cannot_be_executed(tmp_path: Path) -> None:
         "cannot execute './empty': [Errno 8] Exec format error: './empty'",
         "./empty",
     )
+
+
+def _gone(pid: int) -> bool:
+    """Whether ``pid`` has exited (no such process, or a zombie nobody reaped yet)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except FileNotFoundError:
+        return True
+    return stat[stat.rfind(b")") + 2 :].split()[0] in (b"Z", b"X")
+
+
+def _wait_gone(pids: list[int]) -> list[int]:
+    """The pids of ``pids`` still alive after a generous wait (none, for a kill that worked)."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not all(_gone(p) for p in pids):
+        time.sleep(0.02)
+    return [p for p in pids if not _gone(p)]
+
+
+@pytest.fixture
+def tree() -> Iterator[tuple[subprocess.Popen[bytes], list[int]]]:
+    """A shell in a session of its own, a child of it, and a grandchild that left the session: their pids."""
+    script = 'sleep 300 & echo $!; setsid sh -c "sleep 300 & echo \\$!; wait" & echo $!; wait'
+    shell = subprocess.Popen(["sh", "-c", script], stdout=subprocess.PIPE, start_new_session=True)
+    assert shell.stdout is not None
+    pids = [int(shell.stdout.readline()) for _ in range(3)]
+    yield shell, pids
+    for pid in [shell.pid, *pids]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    shell.wait()
+    shell.stdout.close()
+
+
+def test_parents_reads_each_process_parent_even_through_a_name_with_parentheses(tmp_path: Path) -> None:
+    # The kernel takes the command name from the path executed: here "x) 1 2 (y", which a
+    # parser splitting at the first ')' would read the wrong fields of.
+    odd = tmp_path / "x) 1 2 (y"
+    odd.symlink_to(shutil.which("sleep") or "/bin/sleep")
+    child = subprocess.Popen([str(odd), "300"])
+    try:
+        found = parents()
+        assert found[child.pid] == os.getpid()
+        assert found[os.getpid()] == os.getppid()
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_descendants_finds_children_and_grandchildren_outside_the_group(
+    tree: tuple[subprocess.Popen[bytes], list[int]],
+) -> None:
+    shell, (child, setsid_shell, grandchild) = tree
+    assert sorted(descendants(shell.pid)) == sorted([child, setsid_shell, grandchild])
+    assert descendants(grandchild) == []
+
+
+def test_kill_tree_kills_the_group_and_descendants_that_left_it(
+    tree: tuple[subprocess.Popen[bytes], list[int]],
+) -> None:
+    shell, pids = tree
+    kill_tree(shell.pid)
+    assert shell.wait() == -signal.SIGKILL
+    assert _wait_gone(pids) == []
+
+
+def test_kill_tree_sends_the_signal_asked_for(tree: tuple[subprocess.Popen[bytes], list[int]]) -> None:
+    shell, pids = tree
+    kill_tree(shell.pid, signal.SIGTERM)
+    assert shell.wait() == -signal.SIGTERM
+    assert _wait_gone(pids) == []
+
+
+def test_kill_tree_of_a_process_that_is_gone_is_not_an_error() -> None:
+    done = subprocess.Popen(["true"], start_new_session=True)
+    done.wait()
+    kill_tree(done.pid)
+
+
+async def test_run_captures_each_stream_the_exit_code_and_stdin(tmp_path: Path) -> None:
+    request = ExecRequest(cmd="cat; printf err >&2; exit 3", stdin=b"in\x00put", env={"X": "1"}, max_output=None)
+    result = await run(request, cwd=str(tmp_path), env={"PATH": os.defpath})
+    assert (result.exit_code, result.signal, result.timed_out) == (3, None, False)
+    assert (result.stdout_bytes, result.stderr_bytes, result.output_bytes) == (b"in\x00put", b"err", b"")
+    assert (result.stdout_total, result.stderr_total, result.output_total) == (6, 3, 0)
+    assert (result.stdout_truncated, result.stderr_truncated, result.output_truncated) == (False, False, False)
+    assert result.duration > 0
+
+
+async def test_run_merges_the_streams_in_order_and_caps_them(tmp_path: Path) -> None:
+    request = ExecRequest(cmd="printf a; printf b >&2; printf c; seq 1 1000 >&2", merge_output=True, max_output=10)
+    result = await run(request, cwd=str(tmp_path), env={"PATH": os.defpath})
+    full = b"abc" + "".join(f"{i}\n" for i in range(1, 1001)).encode()
+    assert result.output_bytes == full[:5] + full[-5:]
+    assert (result.output_total, result.output_truncated) == (len(full), True)
+    assert (result.stdout_bytes, result.stderr_bytes, result.stdout_total, result.stderr_total) == (b"", b"", 0, 0)
+    assert (result.stdout_truncated, result.stderr_truncated) == (False, False)
+
+
+async def test_run_kills_the_tree_of_a_command_that_times_out(tmp_path: Path) -> None:
+    request = ExecRequest(cmd="echo start; setsid sleep 300 & echo $!; exec sleep 300", timeout=0.5)
+    result = await run(request, cwd=str(tmp_path), env={"PATH": os.defpath})
+    assert (result.exit_code, result.signal, result.timed_out) == (None, signal.SIGKILL, True)
+    assert result.stdout_bytes.split(b"\n")[0] == b"start"
+    assert _wait_gone([int(result.stdout_bytes.split(b"\n")[1])]) == []
