@@ -23,7 +23,7 @@ import orchard
 import orchard.sync
 from orchard import _warm
 from orchard.errors import ConfigError, SandboxTimeout
-from support import eventually, unisolated_ok, workdir_executors
+from support import eventually, host_pid_alive, unisolated_ok, workdir_executors
 
 
 @pytest.fixture
@@ -183,3 +183,33 @@ async def test_a_claim_cancelled_while_it_checks_the_sandbox_puts_it_back(warm_c
         async with client.sandbox() as sb:
             assert sb is pooled  # claimed by the next create, never started twice
             assert (await sb.exec("echo still fresh")).stdout == "still fresh\n"
+
+
+async def test_a_pooled_sandbox_that_does_not_answer_its_first_request_is_a_failed_start(
+    local_root: Path,
+) -> None:
+    """Each pooled sandbox is sent its first request as it starts; one whose executor hangs is closed, not pooled."""
+    hung: list[int] = []
+    with unisolated_ok():
+        client = await orchard.Client(orchard.LocalConfig(root=str(local_root), isolation="none")).__aenter__()
+    async with client:
+
+        async def start() -> orchard.Sandbox:
+            sb = await client.create()
+            pid = (await sb.info()).pid
+            os.kill(pid, signal.SIGSTOP)  # started, then answers nothing more
+            hung.append(pid)
+            return sb
+
+        [(size, spec)] = _warm.parse({"local": 1}).values()
+        pool = _warm.Pool(spec, size, start)
+        pool.open()
+        try:
+            await eventually(lambda: pool.last_error is not None, what="the unanswered first request fails the start")
+            assert isinstance(pool.last_error, TimeoutError)
+            assert pool.ready == 0
+            # Closed, not left stopped: the executor is gone and its directory removed.
+            await eventually(lambda: not host_pid_alive(hung[0]), what="the hung executor ended")
+        finally:
+            await pool.aclose()
+        await eventually(lambda: workdir_executors(local_root) == [], what="no executor left under the root")
