@@ -2,21 +2,36 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import errno
+import hashlib
 import os
 import random
 import shutil
 import signal
 import subprocess
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 
 from orchard_executor.errors import ExecutorError
 from orchard_executor.protocol import ExecRequest
-from orchard_executor.runner import OutputBuffer, build_argv, descendants, kill_tree, parents, run, spawn_error
+from orchard_executor.runner import (
+    TRACKED,
+    OutputBuffer,
+    build_argv,
+    descendants,
+    kill_tree,
+    parents,
+    run,
+    spawn_error,
+    start,
+    write_all,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -329,3 +344,154 @@ async def test_run_kills_the_tree_of_a_command_that_times_out(tmp_path: Path) ->
     assert (result.exit_code, result.signal, result.timed_out) == (None, signal.SIGKILL, True)
     assert result.stdout_bytes.split(b"\n")[0] == b"start"
     assert _wait_gone([int(result.stdout_bytes.split(b"\n")[1])]) == []
+
+
+async def test_run_streams_to_a_sink_and_only_counts_what_it_streamed(tmp_path: Path) -> None:
+    got: list[tuple[str, bytes]] = []
+    request = ExecRequest(cmd="seq 1 20000; printf err >&2", max_output=10)
+    result = await run(request, cwd=str(tmp_path), env={"PATH": os.defpath}, sink=lambda s, d: got.append((s, d)))
+    full = "".join(f"{i}\n" for i in range(1, 20001)).encode()
+    assert b"".join(d for s, d in got if s == "stdout") == full
+    assert b"".join(d for s, d in got if s == "stderr") == b"err"
+    assert (result.stdout_bytes, result.stderr_bytes) == (b"", b"")
+    assert (result.stdout_total, result.stderr_total) == (len(full), 3)
+    assert (result.stdout_truncated, result.stderr_truncated, result.output_truncated) == (False, False, False)
+
+
+async def chunks_of(data: bytes, size: int) -> AsyncIterator[bytes]:
+    for i in range(0, len(data), size):
+        yield data[i : i + size]
+
+
+async def test_streamed_stdin_larger_than_the_pipe_is_delivered_whole(tmp_path: Path) -> None:
+    data = random.Random(7).randbytes(3 * 1024 * 1024 + 5)
+    result = await run(
+        ExecRequest(cmd=["sha256sum"]), cwd=str(tmp_path), env={"PATH": os.defpath}, stdin=chunks_of(data, 100_000)
+    )
+    assert result.exit_code == 0
+    assert result.stdout_bytes.split()[0].decode() == hashlib.sha256(data).hexdigest()
+
+
+async def test_stdin_a_command_leaves_unread_is_dropped_without_error(tmp_path: Path) -> None:
+    request = ExecRequest(cmd="head -c 3", stdin=b"x" * (4 * 1024 * 1024))
+    result = await run(request, cwd=str(tmp_path), env={"PATH": os.defpath})
+    assert (result.exit_code, result.stdout_bytes) == (0, b"xxx")
+    streamed = await run(
+        ExecRequest(cmd="head -c 3"), cwd=str(tmp_path), env={"PATH": os.defpath}, stdin=chunks_of(b"y" * 2**22, 2**16)
+    )
+    assert (streamed.exit_code, streamed.stdout_bytes) == (0, b"yyy")
+
+
+async def test_a_stdin_source_that_fails_kills_the_command_and_is_reported(tmp_path: Path) -> None:
+    async def failing() -> AsyncIterator[bytes]:
+        yield b"partial\n"
+        raise ConnectionResetError("the client went away")
+
+    # Without the kill, `cat` would wait for the rest of its stdin, and sleep would hold the output pipe.
+    request = ExecRequest(cmd="cat > got; echo $$ > pid; exec sleep 300")
+    with pytest.raises(ExecutorError) as info:
+        await run(request, cwd=str(tmp_path), env={"PATH": os.defpath}, stdin=failing())
+    assert info.value.error.code == "bad_request"
+    assert info.value.error.message == (
+        "the command's stdin ended early, so it was killed: ConnectionResetError('the client went away')"
+    )
+
+
+async def test_a_login_shell_is_bash_only_where_the_commands_path_has_it(tmp_path: Path) -> None:
+    with_bash = tmp_path / "bin"
+    with_bash.mkdir()
+    (with_bash / "bash").symlink_to(shutil.which("bash") or "/bin/bash")
+    which = ExecRequest(cmd='printf "%s" "${BASH_VERSION:+bash}"', login=True)
+    assert (await run(which, cwd=str(tmp_path), env={"PATH": str(with_bash)})).stdout_bytes == b"bash"
+    # A PATH without bash: /bin/sh, though /bin (the default PATH) has bash.
+    assert (await run(which, cwd=str(tmp_path), env={"PATH": str(tmp_path)})).stdout_bytes == b""
+
+
+async def test_paused_output_is_not_read_until_resumed(tmp_path: Path) -> None:
+    got: list[bytes] = []
+    total = 4 * 1024 * 1024
+
+    def sink(stream: str, data: bytes) -> None:
+        got.append(data)
+        if len(got) == 1:
+            running.pause_output(True)
+
+    running = await start(
+        ["head", "-c", str(total), "/dev/zero"],
+        cwd=str(tmp_path),
+        env={"PATH": os.defpath},
+        stdin=None,
+        timeout=None,
+        sink=sink,
+    )
+    # Paused after its first read, the command blocks on a full pipe: it cannot finish.
+    await asyncio.sleep(0.5)
+    assert len(got) == 1
+    assert running._child.returncode is None
+    running.pause_output(False)
+    assert (await running.wait())[:3] == (0, None, False)
+    assert sum(map(len, got)) == total
+
+
+async def test_a_child_is_tracked_from_its_spawn_until_it_is_reaped(tmp_path: Path) -> None:
+    running = await start(["true"], cwd=str(tmp_path), env={}, stdin=None, timeout=None, sink=lambda s, d: None)
+    assert running.pid in TRACKED
+    assert (await running.wait())[:3] == (0, None, False)
+    assert running.pid not in TRACKED
+
+
+async def test_a_child_reaped_by_someone_else_counts_as_killed(tmp_path: Path) -> None:
+    # At shutdown the executor's reaper may wait for a child first: its status is then lost.
+    running = await start(["true"], cwd=str(tmp_path), env={}, stdin=None, timeout=None, sink=lambda s, d: None)
+    os.waitpid(running.pid, 0)
+    assert (await running.wait())[:3] == (None, signal.SIGKILL, False)
+    assert running.pid not in TRACKED
+
+
+async def test_without_pidfd_a_thread_waits_for_the_exit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Linux before 5.3 has no pidfd_open: what an executor does there, on this kernel."""
+
+    def no_pidfd(pid: int, flags: int = 0) -> int:
+        raise OSError(errno.ENOSYS, os.strerror(errno.ENOSYS))
+
+    monkeypatch.setattr(os, "pidfd_open", no_pidfd)
+    result = await run(ExecRequest(cmd="echo hi; exit 5"), cwd=str(tmp_path), env={"PATH": os.defpath})
+    assert (result.exit_code, result.signal, result.stdout_bytes) == (5, None, b"hi\n")
+    killed = await run(ExecRequest(cmd="kill -TERM $$"), cwd=str(tmp_path), env={"PATH": os.defpath})
+    assert (killed.exit_code, killed.signal) == (None, signal.SIGTERM)
+
+
+async def test_a_leftover_holding_the_output_pipe_does_not_hold_up_the_result(tmp_path: Path) -> None:
+    request = ExecRequest(cmd="setsid sleep 300 & echo $!; echo done >&2")
+    result = await run(request, cwd=str(tmp_path), env={"PATH": os.defpath})
+    leftover = int(result.stdout_bytes)
+    try:
+        assert (result.exit_code, result.stderr_bytes, result.timed_out) == (0, b"done\n", False)
+    finally:
+        os.kill(leftover, signal.SIGKILL)
+
+
+def test_write_all_writes_everything_through_a_full_pipe_and_ignores_a_closed_reader() -> None:
+    data = random.Random(3).randbytes(1024 * 1024 + 3)
+    r, w = os.pipe()
+    received = bytearray()
+
+    def drain() -> None:
+        while chunk := os.read(r, 65536):
+            received.extend(chunk)
+
+    reader = threading.Thread(target=drain)
+    reader.start()
+    try:
+        write_all(w, data)
+    finally:
+        os.close(w)
+        reader.join()
+        os.close(r)
+    assert bytes(received) == data
+    r, w = os.pipe()
+    os.close(r)
+    try:
+        write_all(w, b"nobody reads this")
+    finally:
+        os.close(w)
