@@ -495,3 +495,50 @@ def test_write_all_writes_everything_through_a_full_pipe_and_ignores_a_closed_re
         write_all(w, b"nobody reads this")
     finally:
         os.close(w)
+
+
+async def test_a_start_that_fails_leaves_no_descriptor_open(tmp_path: Path) -> None:
+    def open_fds() -> set[str]:
+        return set(os.listdir("/proc/self/fd"))
+
+    for merge in (False, True):
+        for stdin in (None, b"", b"data"):
+            before = open_fds()
+            with pytest.raises(ExecutorError):
+                await start(
+                    ["./no-such-program"],
+                    cwd=str(tmp_path),
+                    env={},
+                    stdin=stdin,
+                    timeout=None,
+                    sink=lambda s, d: None,
+                    merge=merge,
+                )
+            assert open_fds() == before, (merge, stdin)
+
+
+async def test_no_stdin_and_empty_stdin_are_dev_null(tmp_path: Path) -> None:
+    for stdin in (None, b""):
+        request = ExecRequest(cmd="readlink /proc/self/fd/0", stdin=stdin)
+        result = await run(request, cwd=str(tmp_path), env={"PATH": os.defpath})
+        assert result.stdout_bytes == b"/dev/null\n", stdin
+
+
+async def test_stdin_still_streaming_when_the_command_ends_is_not_read_further(tmp_path: Path) -> None:
+    closed = asyncio.Event()
+
+    async def endless() -> AsyncIterator[bytes]:
+        try:
+            yield b"x"
+            await asyncio.Event().wait()
+        finally:
+            closed.set()
+
+    # A leftover still holds the stdin pipe, so the feeding does not end with a broken pipe.
+    request = ExecRequest(cmd="setsid sleep 300 >/dev/null 2>&1 & echo $!")
+    result = await run(request, cwd=str(tmp_path), env={"PATH": os.defpath}, stdin=endless())
+    try:
+        assert result.exit_code == 0
+        await asyncio.wait_for(closed.wait(), 60)
+    finally:
+        os.kill(int(result.stdout_bytes), signal.SIGKILL)
