@@ -542,3 +542,47 @@ async def test_stdin_still_streaming_when_the_command_ends_is_not_read_further(t
         await asyncio.wait_for(closed.wait(), 60)
     finally:
         os.kill(int(result.stdout_bytes), signal.SIGKILL)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root, to start processes as another user and drop to a third")
+def test_kill_tree_goes_on_past_processes_it_may_not_signal() -> None:
+    # A command running as another user (sudo -u in a sandbox): the kill cannot reach it, and must not fail.
+    other = subprocess.Popen(
+        ["sh", "-c", "sleep 300 & echo $!; wait"], stdout=subprocess.PIPE, user=65534, start_new_session=True
+    )
+    assert other.stdout is not None
+    child = int(other.stdout.readline())
+    try:
+        os.seteuid(65533)
+        try:
+            kill_tree(other.pid)
+        finally:
+            os.seteuid(0)
+        assert not _gone(other.pid)
+        assert not _gone(child)
+    finally:
+        kill_tree(other.pid)
+        other.wait()
+        other.stdout.close()
+
+
+async def test_stdin_is_written_without_blocking_the_executor(tmp_path: Path) -> None:
+    # The command reads its stdin only once the test's own coroutine has run: a feeder
+    # blocked in a write (on a pipe the command does not yet read) would stop that
+    # coroutine with the whole loop, and the command gives up after 15 s with exit 9.
+    async def go() -> None:
+        while not (tmp_path / "ready").exists():
+            await asyncio.sleep(0.01)
+        (tmp_path / "go").touch()
+
+    request = ExecRequest(
+        cmd="touch ready; end=$(( $(date +%s) + 15 ));"
+        " while [ ! -e go ]; do [ $(date +%s) -ge $end ] && exit 9; sleep 0.01; done; exec cat >/dev/null",
+        stdin=b"x" * (4 * 1024 * 1024),
+    )
+    task = asyncio.create_task(go())
+    try:
+        result = await run(request, cwd=str(tmp_path), env={"PATH": os.defpath})
+    finally:
+        task.cancel()
+    assert result.exit_code == 0
