@@ -586,3 +586,21 @@ async def test_stdin_is_written_without_blocking_the_executor(tmp_path: Path) ->
     finally:
         task.cancel()
     assert result.exit_code == 0
+
+
+def test_build_argv_says_why_an_empty_list_is_refused() -> None:
+    with pytest.raises(ExecutorError) as info:
+        build_argv([], None)
+    assert info.value.error.message == "cmd is an empty list"
+
+
+def test_build_argv_login_without_a_path_looks_in_the_default_path_not_the_executors(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A sandbox env without PATH: the executor's own PATH is not the command's.
+    bash = tmp_path / "bash"
+    bash.symlink_to(shutil.which("bash") or "/bin/bash")
+    monkeypatch.setenv("PATH", str(tmp_path))
+    shell = shutil.which("bash", path=os.defpath) or "/bin/sh"
+    assert build_argv("x", None, login=True, path=None) == [shell, "-l", "-c", "x"]
+    assert build_argv("x", None, login=True) == [shell, "-l", "-c", "x"]
