@@ -604,3 +604,21 @@ def test_build_argv_login_without_a_path_looks_in_the_default_path_not_the_execu
     shell = shutil.which("bash", path=os.defpath) or "/bin/sh"
     assert build_argv("x", None, login=True, path=None) == [shell, "-l", "-c", "x"]
     assert build_argv("x", None, login=True) == [shell, "-l", "-c", "x"]
+
+
+async def test_running_commands_raises_nothing_in_the_loops_callbacks(tmp_path: Path) -> None:
+    # A failing reader or writer callback does not fail the command: the loop logs it and goes on.
+    loop = asyncio.get_running_loop()
+    errors: list[dict[str, object]] = []
+    loop.set_exception_handler(lambda _, context: errors.append(context))
+    try:
+        for request in (
+            ExecRequest(cmd="cat; printf err >&2", stdin=b"x" * 300_000),
+            ExecRequest(cmd="printf a; printf b >&2", merge_output=True),
+            ExecRequest(cmd="exec sleep 300", timeout=0.2),
+        ):
+            await run(request, cwd=str(tmp_path), env={"PATH": os.defpath})
+        await asyncio.sleep(0)
+    finally:
+        loop.set_exception_handler(None)
+    assert errors == []
