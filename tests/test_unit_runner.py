@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from orchard_executor import runner
 from orchard_executor.errors import ExecutorError
 from orchard_executor.protocol import ExecRequest
 from orchard_executor.runner import (
@@ -622,3 +623,14 @@ async def test_running_commands_raises_nothing_in_the_loops_callbacks(tmp_path: 
     finally:
         loop.set_exception_handler(None)
     assert errors == []
+
+
+async def test_the_result_waits_for_every_output_pipe_to_close_and_no_longer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # With a grace long enough for any machine, what a leftover writes to stderr after the
+    # command exited (stdout long closed) is in the result, which comes as soon as it closes.
+    monkeypatch.setattr(runner, "PIPE_GRACE", 600)
+    request = ExecRequest(cmd="(sleep 0.2; printf late >&2) >/dev/null & printf out")
+    result = await asyncio.wait_for(run(request, cwd=str(tmp_path), env={"PATH": os.defpath}), 60)
+    assert (result.exit_code, result.stdout_bytes, result.stderr_bytes) == (0, b"out", b"late")
