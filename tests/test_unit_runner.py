@@ -634,3 +634,10 @@ async def test_the_result_waits_for_every_output_pipe_to_close_and_no_longer(
     request = ExecRequest(cmd="(sleep 0.2; printf late >&2) >/dev/null & printf out")
     result = await asyncio.wait_for(run(request, cwd=str(tmp_path), env={"PATH": os.defpath}), 60)
     assert (result.exit_code, result.stdout_bytes, result.stderr_bytes) == (0, b"out", b"late")
+
+
+async def test_the_duration_is_within_the_time_the_call_took(tmp_path: Path) -> None:
+    before = time.monotonic()
+    result = await run(ExecRequest(cmd=["sleep", "0.1"]), cwd=str(tmp_path), env={"PATH": os.defpath})
+    took = time.monotonic() - before
+    assert 0.1 <= result.duration <= took
