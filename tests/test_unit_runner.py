@@ -545,9 +545,14 @@ async def test_stdin_still_streaming_when_the_command_ends_is_not_read_further(t
         os.kill(int(result.stdout_bytes), signal.SIGKILL)
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="needs root, to start processes as another user and drop to a third")
 def test_kill_tree_goes_on_past_processes_it_may_not_signal() -> None:
     # A command running as another user (sudo -u in a sandbox): the kill cannot reach it, and must not fail.
+    if os.geteuid() != 0:
+        pytest.fail(
+            "this test needs root, to start processes as another user and drop to a third (it could not run): "
+            "run it as root",
+            pytrace=False,
+        )
     other = subprocess.Popen(
         ["sh", "-c", "sleep 300 & echo $!; wait"], stdout=subprocess.PIPE, user=65534, start_new_session=True
     )
