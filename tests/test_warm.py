@@ -213,3 +213,23 @@ async def test_a_pooled_sandbox_that_does_not_answer_its_first_request_is_a_fail
         finally:
             await pool.aclose()
         await eventually(lambda: workdir_executors(local_root) == [], what="no executor left under the root")
+
+
+async def test_a_pooled_sandbox_that_died_while_it_waited_is_replaced_before_any_claim(
+    warm_client: Callable[..., Any], local_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pool sends its ready sandboxes a request every PING_INTERVAL (10 s; 0.5 s here), claims or not."""
+    monkeypatch.setattr(_warm, "PING_INTERVAL", 0.5)
+    async with warm_client({"local": 1}) as client:
+        await client.wait_warm(timeout=60)
+        [dead] = workdir_executors(local_root)
+        os.kill(dead, signal.SIGKILL)
+        await eventually(
+            lambda: client.warm_status()["local"]["starts"] == 2 and client.warm_status()["local"]["ready"] == 1,
+            what="the pool replaced the dead sandbox without a claim",
+        )
+        [alive] = workdir_executors(local_root)
+        assert alive != dead
+        async with client.sandbox() as sb:
+            assert "claim" in sb.timings
+            assert (await sb.info()).pid == alive

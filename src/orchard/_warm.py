@@ -3,7 +3,9 @@
 A pool keeps ``size`` started, never-used sandboxes of one image and spec,
 and refills in the background. Each is sent a first request as it
 starts (its connection, and what its executor sets up on a first request,
-are then ready when it is claimed). A claim takes the oldest ready one,
+are then ready when it is claimed), and another every 10 s while it waits,
+which keeps that connection open and replaces one that stopped answering
+before a claim finds it. A claim takes the oldest ready one,
 checks its executor answers, and hands it out exactly once; an empty pool, a spec
 that differs, or a pooled sandbox that died means a cold start instead,
 never an error. A pool whose sandboxes fail to start backs off (0.5 s,
@@ -31,6 +33,9 @@ log = logging.getLogger("orchard.warm")
 
 #: Seconds a claim waits for a pooled executor to answer before it starts one cold instead.
 CLAIM_CHECK_TIMEOUT = 2.0
+#: Seconds between the requests a pool sends each of its ready sandboxes: under the executor's keep-alive
+#: (15 s), so that a claim finds the connection its sandbox's first request made still open.
+PING_INTERVAL = 10.0
 BACKOFF_FIRST, BACKOFF_MAX = 0.5, 30.0
 
 
@@ -62,6 +67,7 @@ class Pool:
         self._changed = asyncio.Event()  # a claim took one (refill) or a start ended (waiters)
         self._task: asyncio.Task[None] | None = None
         self._dropping: set[asyncio.Task[None]] = set()
+        self._pinged = time.monotonic()
         #: Why the last start failed, while the pool backs off (None once one succeeds).
         self.last_error: BaseException | None = None
         #: Starts attempted for this pool, successful or not.
@@ -162,10 +168,36 @@ class Pool:
                     delay = 0.0
                 continue
             self._changed.clear()
-            recheck = self._max_age / 4 if self._max_age is not None else None
+            recheck = self._max_age / 4 if self._max_age is not None else PING_INTERVAL
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(recheck):
+                async with asyncio.timeout(min(recheck, max(0.0, self._pinged + PING_INTERVAL - time.monotonic()))):
                     await self._changed.wait()
+            if time.monotonic() >= self._pinged + PING_INTERVAL:
+                await self._ping()
+
+    async def _ping(self) -> None:
+        """A request to each pooled sandbox; one that does not answer is replaced before a claim finds it.
+
+        Each request keeps the sandbox's connection open for its claim (the executor closes one idle for
+        15 s: a claim then paid a new connection, on Kubernetes a TLS handshake).
+        """
+        self._pinged = time.monotonic()
+        ready = list(self._ready)
+        answers = await asyncio.gather(*(self._answers(sb) for _, sb in ready))
+        for entry, answered in zip(ready, answers, strict=True):
+            if not answered and entry in self._ready:  # not claimed meanwhile
+                log.info("warm pool %s: %s did not answer; replacing it", self.spec.image, entry[1].id)
+                self._ready.remove(entry)
+                self._drop(entry[1])
+
+    @staticmethod
+    async def _answers(sb: Sandbox) -> bool:
+        try:
+            async with asyncio.timeout(CLAIM_CHECK_TIMEOUT):
+                await sb.info()
+        except (OrchardError, TimeoutError):
+            return False
+        return True
 
 
 async def wait_full(pools: Mapping[str, Pool], timeout: float) -> None:
