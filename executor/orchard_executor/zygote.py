@@ -162,17 +162,21 @@ def _pipes(request: dict[str, Any]) -> int:
     return 4 if request.get("hold") else 3
 
 
+def _detach(request: dict[str, Any], stderr: int) -> None:
+    """In a fork: errors to the executor's stderr, its command line shown, a session of its own."""
+    # Errors from here on go where the executor's would: the client keeps their tail.
+    os.dup2(stderr, 2)
+    # Here, while the host's /proc is ours and we may write our memory (the executor inherits it).
+    set_title(["orchard-executor", *(a for a in _argv(request) if not a.startswith("--token-sha256="))])
+    os.setsid()
+
+
 def _middle(request: dict[str, Any], fds: list[int], report: int, last_cap: int) -> None:
     """Join the sandbox's namespaces, drop privileges, fork the executor, report its pid; never returns."""
     code = 1
     try:
         pipes, namespaces = fds[: _pipes(request)], fds[_pipes(request) :]
-        stderr = pipes[1]
-        # Errors from here on go where the executor's would: the client keeps their tail.
-        os.dup2(stderr, 2)
-        # Here, while the host's /proc is ours and we may write our memory (the executor inherits it).
-        set_title(["orchard-executor", *(a for a in _argv(request) if not a.startswith("--token-sha256="))])
-        os.setsid()
+        _detach(request, pipes[1])
         for name, fd in zip(request.get("namespaces", []), namespaces, strict=True):
             if name not in NAMESPACES:
                 raise ValueError(f"unknown namespace {name!r}")
@@ -253,7 +257,17 @@ class Zygote:
         if len(fds) != _pipes(request) + len(request.get("namespaces", [])):
             raise ValueError(f"{len(fds)} fds for {len(request.get('namespaces', []))} namespaces")
         if not request.get("namespaces") and not request.get("isolated"):
-            return self._start_direct(request, fds)
+            pid = self._fork_direct(request, fds)
+        else:
+            pid = self._fork_through_middle(request, fds)
+        # Reaped only by the zygote (the middle process never waits; its orphans come to the subreaper) and
+        # not before _reap, so the pid is still its executor's, a zombie at worst.
+        pidfd = os.pidfd_open(pid)
+        self.executors.add(pid)
+        return pid, pidfd
+
+    def _fork_through_middle(self, request: dict[str, Any], fds: list[int]) -> int:
+        """The executor's pid, forked by a middle process in the sandbox's namespaces."""
         report_r, report_w = os.pipe()
         try:
             middle = os.fork()
@@ -275,32 +289,23 @@ class Zygote:
         if not raw.endswith(b"\n"):
             _, status = os.waitpid(middle, 0)
             raise OSError(f"the executor could not be forked (exit status {os.waitstatus_to_exitcode(status)})")
-        pid = int(raw)
-        # Reaped only by the zygote (its parent, the middle process, never waits; then the subreaper's) and
-        # not before _reap, so the pid is still its, a zombie at worst.
-        pidfd = os.pidfd_open(pid)
-        self.executors.add(pid)
-        return pid, pidfd
+        return int(raw)
 
-    def _start_direct(self, request: dict[str, Any], fds: list[int]) -> tuple[int, int]:
-        """An unisolated executor, forked once: no namespace to join, so no middle process (a fork less)."""
+    def _fork_direct(self, request: dict[str, Any], fds: list[int]) -> int:
+        """An unisolated executor's pid, forked once: no namespace to join, so no middle process (a fork less)."""
         pid = os.fork()
         if pid == 0:
             code = 1
             try:
                 self._child()
-                os.dup2(fds[1], 2)
-                set_title(["orchard-executor", *(a for a in _argv(request) if not a.startswith("--token-sha256="))])
-                os.setsid()
+                _detach(request, fds[1])
                 os.chdir(request["cwd"])
                 _executor(request, fds)
             except BaseException:
                 traceback.print_exc()
             finally:
                 os._exit(code)
-        pidfd = os.pidfd_open(pid)
-        self.executors.add(pid)
-        return pid, pidfd
+        return pid
 
     def _child(self) -> None:
         """In a fork: the zygote's signal handling and socket are not the child's."""

@@ -107,8 +107,7 @@ class Pool:
                 self._drop(sb)
                 continue
             try:
-                async with asyncio.timeout(CLAIM_CHECK_TIMEOUT):
-                    await sb.info()
+                await _check(sb)
             except (OrchardError, TimeoutError) as exc:
                 log.info("warm pool %s: %s did not answer (%s); trying the next", self.spec.image, sb.id, exc)
                 self._drop(sb)
@@ -138,8 +137,7 @@ class Pool:
         try:
             # A first request here, not in the claim: the connection, and what the executor sets up on its
             # first request, are then ready when the claim's check and first command come.
-            async with asyncio.timeout(CLAIM_CHECK_TIMEOUT):
-                await sb.info()
+            await _check(sb)
         except BaseException:
             await finish(sb.aclose())
             raise
@@ -168,9 +166,11 @@ class Pool:
                     delay = 0.0
                 continue
             self._changed.clear()
-            recheck = self._max_age / 4 if self._max_age is not None else PING_INTERVAL
+            wait = self._pinged + PING_INTERVAL - time.monotonic()
+            if self._max_age is not None:
+                wait = min(wait, self._max_age / 4)  # recheck the ages
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(min(recheck, max(0.0, self._pinged + PING_INTERVAL - time.monotonic()))):
+                async with asyncio.timeout(max(0.0, wait)):
                     await self._changed.wait()
             if time.monotonic() >= self._pinged + PING_INTERVAL:
                 await self._ping()
@@ -193,11 +193,16 @@ class Pool:
     @staticmethod
     async def _answers(sb: Sandbox) -> bool:
         try:
-            async with asyncio.timeout(CLAIM_CHECK_TIMEOUT):
-                await sb.info()
+            await _check(sb)
         except (OrchardError, TimeoutError):
             return False
         return True
+
+
+async def _check(sb: Sandbox) -> None:
+    """The executor answers within ``CLAIM_CHECK_TIMEOUT``, or this raises why not."""
+    async with asyncio.timeout(CLAIM_CHECK_TIMEOUT):
+        await sb.info()
 
 
 async def wait_full(pools: Mapping[str, Pool], timeout: float) -> None:
